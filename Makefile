@@ -1,0 +1,28 @@
+# hvdtrain: the two commands the README promises.
+#   make demo   set up (idempotent) and train the image recipe on 2 ranks, torch and TensorFlow, on MNIST
+#   make test   set up (idempotent) and run the whole test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+NP ?= 2
+DEMO_OUT ?= runs/demo
+PYTEST_ARGS ?=
+
+.PHONY: setup demo demo-torch demo-tensorflow test test-unit clean
+
+setup:
+	bash scripts/install.sh
+
+demo: setup
+	bash scripts/demo.sh $(NP) $(DEMO_OUT)
+
+test: setup
+	$(PY) -m pytest tests -ra $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(DEMO_OUT) .pytest_cache

@@ -1,0 +1,30 @@
+"""hvdtrain: one Horovod core, PyTorch and TensorFlow/Keras 3 adapters, recipes on top.
+
+The public API (importing it loads neither torch nor TensorFlow)::
+
+    import hvdtrain
+    config = hvdtrain.load_config(hvdtrain.get_recipe("image-classification").defaults,
+                                  overrides=["train.epochs=1"], framework="torch")
+    result = hvdtrain.train(config)          # in every worker (under horovodrun) or alone
+
+Recipes are registered with :func:`define_recipe` and :func:`register_recipe`.
+"""
+
+__version__ = "0.1.0"
+
+from hvdtrain.core.adapter import DistContext, FrameworkAdapter, FrameworkMissingError, load_adapter
+from hvdtrain.core.checkpoint import CheckpointError, CheckpointManager
+from hvdtrain.core.config import (CheckpointConfig, ConfigError, DataConfig, ModelConfig, OptimConfig,
+                                  RunConfig, TrainConfig, load_config)
+from hvdtrain.core.loop import RunResult, Trainer, TrainingError, train
+from hvdtrain.core.registry import (RecipeError, define_recipe, get_recipe, list_recipes, register_recipe,
+                                    unregister_recipe)
+from hvdtrain.core.task import ArrayDataset, TrainTask, accuracy_from_sums
+
+__all__ = [
+    "ArrayDataset", "CheckpointConfig", "CheckpointError", "CheckpointManager", "ConfigError", "DataConfig",
+    "DistContext", "FrameworkAdapter", "FrameworkMissingError", "ModelConfig", "OptimConfig", "RecipeError",
+    "RunConfig", "RunResult", "TrainConfig", "TrainTask", "Trainer", "TrainingError", "accuracy_from_sums",
+    "define_recipe", "get_recipe", "list_recipes", "load_adapter", "load_config", "register_recipe", "train",
+    "unregister_recipe",
+]

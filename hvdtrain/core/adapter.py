@@ -1,0 +1,114 @@
+"""The one small interface both framework adapters implement, with the same method names.
+
+The training loop (:mod:`hvdtrain.core.loop`) talks only to this interface; everything that
+touches torch, TensorFlow or ``horovod.<framework>`` lives in :mod:`hvdtrain.torch` and
+:mod:`hvdtrain.tensorflow`. :func:`load_adapter` imports one of them by name and turns a missing
+framework into an error that says which extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hvdtrain.core.config import FRAMEWORKS
+
+
+class FrameworkMissingError(ImportError):
+    """The requested framework (or Horovod's build for it) is not installed."""
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the only rank that prints and writes files."""
+        return self.rank == 0
+
+
+class FrameworkAdapter(ABC):
+    """Horovod plumbing for one framework. One instance per process, used in this order:
+
+    ``init`` -> ``prepare`` -> (``load_state`` on rank 0) -> ``broadcast_state`` -> steps.
+    """
+
+    name: str = ""
+
+    @abstractmethod
+    def init(self, train_config: Any) -> DistContext:
+        """Initialise Horovod, set intra-op threads and seeds; return this process's place."""
+
+    @abstractmethod
+    def prepare(self, task: Any, train_config: Any, optim_config: Any) -> None:
+        """Take the recipe's model, optimizer and loss; wire them to Horovod's gradient allreduce
+        (compression, accumulation, mixed precision) and create all optimizer state."""
+
+    @abstractmethod
+    def broadcast_state(self, root_rank: int = 0) -> None:
+        """Copy model parameters and optimizer state from ``root_rank`` to every rank."""
+
+    @abstractmethod
+    def set_learning_rate(self, lr: float) -> None:
+        """Set the optimizer's learning rate for the next update."""
+
+    @abstractmethod
+    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True) -> float:
+        """Forward and backward on one local micro-batch; when ``apply_update``, allreduce the
+        accumulated gradients and update. Returns this rank's loss."""
+
+    @abstractmethod
+    def eval_step(self, inputs: Any, targets: Any) -> dict[str, float]:
+        """Local sums on one batch: ``loss_sum``, ``count`` and the task's metric sums."""
+
+    @abstractmethod
+    def allreduce_sums(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum each value across ranks (one collective, same keys on every rank)."""
+
+    @abstractmethod
+    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
+        """A picklable object from ``root_rank``, on every rank."""
+
+    @abstractmethod
+    def save_state(self, directory: Path) -> None:
+        """Write model and optimizer state into ``directory`` (rank 0 only)."""
+
+    @abstractmethod
+    def load_state(self, directory: Path) -> None:
+        """Read model and optimizer state written by :meth:`save_state`."""
+
+    def allreduce_mean(self, values: dict[str, float], ctx: DistContext) -> dict[str, float]:
+        """Average each value across ranks."""
+        return {k: v / ctx.size for k, v in self.allreduce_sums(values).items()}
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives (a tiny allreduce)."""
+        self.allreduce_sums({"barrier": 0.0})
+
+
+_ADAPTERS = {"torch": ("hvdtrain.torch", "TorchAdapter", "torch"),
+             "tensorflow": ("hvdtrain.tensorflow", "TensorFlowAdapter", "tensorflow")}
+
+
+def load_adapter(framework: str) -> FrameworkAdapter:
+    """An adapter instance for ``framework``, or a clear error naming what to install."""
+    if framework not in _ADAPTERS:
+        raise ValueError(f"framework {framework!r} is not supported; choose one of: {', '.join(FRAMEWORKS)}")
+    module_name, class_name, extra = _ADAPTERS[framework]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise FrameworkMissingError(
+            f"the {framework} adapter cannot be imported ({exc}). Install the framework with "
+            f"`pip install hvdtrain[{extra}]` and Horovod built with it "
+            f"(`make setup` does both; `horovodrun --check-build` shows what Horovod has)") from exc
+    return getattr(module, class_name)()

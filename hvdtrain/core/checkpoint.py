@@ -1,0 +1,157 @@
+"""Rank-0 checkpoints: one folder per checkpoint, written atomically, with a manifest.
+
+Layout::
+
+    OUTPUT/checkpoints/epoch-0002/
+        manifest.json      format version, recipe, framework, epoch, step, world size, config,
+                           versions, and the SHA-256 of every payload file
+        <payload files>    framework-native (model.pt / optimizer.pt, model.weights.h5 / ...)
+
+A checkpoint is first written under ``.tmp-<name>-<pid>``, every file is flushed and fsynced,
+then the folder is renamed into place and the parent directory fsynced; a crash at any point
+leaves the previous checkpoint untouched and usable. Only folders with a manifest whose
+checksums match count as checkpoints. Existing checkpoints are never overwritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written, read, or does not fit this run."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A checkpoint on disk and its manifest."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def epoch(self) -> int:
+        """Epochs completed when it was written."""
+        return int(self.manifest["epoch"])
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed when it was written."""
+        return int(self.manifest["step"])
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, fsync, and rename."""
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_path(path.parent)
+
+
+class CheckpointManager:
+    """Writes (on rank 0) and finds checkpoints under ``directory``."""
+
+    def __init__(self, directory: str | Path, keep_last: int = 3):
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Valid checkpoints, oldest first (invalid or partial folders are skipped)."""
+        found = []
+        if self.directory.is_dir():
+            for child in self.directory.iterdir():
+                if child.name.startswith(".") or not child.is_dir():
+                    continue
+                info = self.read(child, verify=False)
+                if info is not None:
+                    found.append(info)
+        return sorted(found, key=lambda c: (c.step, c.epoch))
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest checkpoint whose files match their checksums, or None."""
+        for info in reversed(self.checkpoints()):
+            if self.read(info.path, verify=True) is not None:
+                return info
+        return None
+
+    @staticmethod
+    def read(path: Path, verify: bool = True) -> CheckpointInfo | None:
+        """The checkpoint at ``path`` if its manifest is readable (and, with ``verify``, its
+        payload checksums match); None otherwise."""
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+            files = manifest["files"]
+            manifest["epoch"], manifest["step"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if verify:
+            for name, digest in files.items():
+                if not (path / name).is_file() or sha256_file(path / name) != digest:
+                    return None
+        return CheckpointInfo(path, manifest)
+
+    def save(self, name: str, write_payload: Callable[[Path], None], manifest: dict[str, Any]) -> CheckpointInfo:
+        """Write checkpoint ``name``: ``write_payload(tmpdir)`` writes the files, then the manifest
+        with their checksums, fsync, rename into place, and prune old checkpoints."""
+        final = self.directory / name
+        if final.exists():
+            raise CheckpointError(f"checkpoint {final} already exists; refusing to overwrite it")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / f".tmp-{name}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            write_payload(tmp)
+            files = {}
+            for child in sorted(tmp.iterdir()):
+                if child.is_file():
+                    _fsync_path(child)
+                    files[child.name] = sha256_file(child)
+            manifest = {"format_version": FORMAT_VERSION, **manifest, "files": files}
+            atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+            _fsync_path(tmp)
+            os.rename(tmp, final)
+            _fsync_path(self.directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.prune()
+        return CheckpointInfo(final, manifest)
+
+    def prune(self) -> None:
+        """Delete all but the newest ``keep_last`` checkpoints."""
+        for info in self.checkpoints()[:-self.keep_last]:
+            trash = info.path.with_name(f".trash-{info.path.name}-{os.getpid()}")
+            os.rename(info.path, trash)
+            shutil.rmtree(trash, ignore_errors=True)

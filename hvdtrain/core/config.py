@@ -1,0 +1,307 @@
+"""Nested dataclass configuration, loaded from YAML/TOML plus ``--set section.key=value`` overrides.
+
+Every field carries its help text and, where it has one, its allowed choices or range in the
+field metadata; :func:`validate` is the single validation pass that checks all of them and names
+the bad key or value together with what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FRAMEWORKS = ("torch", "tensorflow")
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is not allowed; the message names it and what is allowed."""
+
+
+def _f(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
+       max: float | None = None, min_exclusive: bool = False) -> Any:
+    """A dataclass field with help text and validation metadata."""
+    meta = {"help": help, "choices": choices, "min": min, "max": max, "min_exclusive": min_exclusive}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    """Where the data comes from and how much of it is used."""
+
+    path: str | None = _f(None, "dataset root (recipe-specific); None uses the recipe's embedded default")
+    max_train_samples: int | None = _f(None, "cap on training samples (quick runs)", min=1)
+    max_val_samples: int | None = _f(None, "cap on validation samples (quick runs)", min=1)
+    remainder: str = _f("pad", "what to do when the training set does not divide by the world size: "
+                        "'pad' repeats the first samples of the shuffled order, 'drop' leaves the last ones out",
+                        choices=("pad", "drop"))
+    shuffle: bool = _f(True, "reshuffle the training order every epoch (deterministic from seed and epoch)")
+    augment: bool | None = _f(None, "random crop and flip for natural images; None lets the recipe decide")
+    image_size: int | None = _f(None, "resize images to this square size; None keeps the native size", min=8)
+    prefetch_batches: int = _f(2, "batches prepared ahead of time by a background thread", min=0)
+
+
+@dataclass
+class ModelConfig:
+    """Which model the recipe builds."""
+
+    name: str = _f("small_cnn", "model architecture (recipe-specific; image-classification: "
+                   "small_cnn, resnet18, resnet50)")
+    num_classes: int | None = _f(None, "number of classes; None infers it from the data", min=2)
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule."""
+
+    name: str = _f("sgd", "optimizer", choices=("sgd", "adam", "adamw"))
+    lr: float = _f(0.01, "base learning rate for one worker before scaling by world size", min=0.0,
+                   min_exclusive=True)
+    momentum: float = _f(0.9, "SGD momentum", min=0.0, max=1.0)
+    weight_decay: float = _f(0.0, "weight decay", min=0.0)
+    lr_scaling: str = _f("linear", "how the base LR grows with the number of workers: 'linear' (lr * size), "
+                         "'sqrt' (lr * sqrt(size)) or 'none'", choices=("linear", "sqrt", "none"))
+    warmup_epochs: float = _f(0.0, "epochs of linear warmup from the base LR to the scaled LR", min=0.0)
+    decay: str = _f("cosine", "LR decay after warmup", choices=("cosine", "linear", "constant"))
+    min_lr_ratio: float = _f(0.0, "final LR as a fraction of the peak LR", min=0.0, max=1.0)
+    grad_clip_norm: float | None = _f(None, "clip the global gradient norm to this value", min=0.0,
+                                      min_exclusive=True)
+
+
+@dataclass
+class TrainConfig:
+    """The training loop and its distributed options."""
+
+    epochs: int = _f(1, "number of epochs", min=1)
+    batch_size: int = _f(64, "batch size per worker (the global batch is batch_size * world size)", min=1)
+    seed: int = _f(42, "seed for model init, shuffling and augmentation", min=0)
+    grad_accumulation: int = _f(1, "micro-batches whose gradients are summed before one allreduce and "
+                                "update (Horovod's backward_passes_per_step)", min=1)
+    fp16_allreduce: bool = _f(False, "compress gradients to float16 for the allreduce")
+    mixed_precision: str = _f("none", "autocast compute precision", choices=("none", "bf16", "fp16"))
+    threads: int | None = _f(None, "intra-op threads per worker; None shares the cores among local workers",
+                             min=1)
+    log_every: int = _f(50, "print a progress line every N steps on rank 0 (0: never)", min=0)
+
+
+@dataclass
+class CheckpointConfig:
+    """Rank-0 checkpointing."""
+
+    keep_last: int = _f(3, "checkpoints kept; older ones are deleted after a new one is safely written", min=1)
+    resume: bool = _f(False, "continue from the latest checkpoint in the output directory")
+    enabled: bool = _f(True, "write a checkpoint at the end of every epoch")
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs; the resolved copy is saved beside the results."""
+
+    recipe: str = _f("image-classification", "recipe name (see `hvdtrain recipes`)")
+    framework: str = _f("torch", "deep-learning framework", choices=FRAMEWORKS)
+    output: str = _f("runs/latest", "output directory: config.yaml, metrics.jsonl, checkpoints/")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _allowed(cls: type) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(cls))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert ``value`` to the annotated type ``tp`` or raise a ConfigError naming ``key``."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        inner = [a for a in args if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(value, inner[0], key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)) and not (
+                isinstance(value, float) and value.is_integer()):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _check_limits(value: Any, f: dataclasses.Field, key: str) -> None:
+    meta = f.metadata
+    if value is None:
+        return
+    if meta.get("choices") and value not in meta["choices"]:
+        allowed = ", ".join(map(str, meta["choices"]))
+        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of: {allowed}")
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and (value < lo or (meta.get("min_exclusive") and value == lo)):
+        op = ">" if meta.get("min_exclusive") else ">="
+        raise ConfigError(f"{key}: {value!r} is out of range; it must be {op} {lo}"
+                          + (f" and <= {hi}" if hi is not None else ""))
+    if hi is not None and value > hi:
+        raise ConfigError(f"{key}: {value!r} is out of range; it must be <= {hi}"
+                          + (f" and >= {lo}" if lo is not None else ""))
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a nested dict, converting and validating every value."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
+    types = _field_types(cls)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}; allowed keys"
+                          f"{' in ' + prefix.rstrip('.') if prefix else ''}: {_allowed(cls)}")
+    kwargs = {}
+    for name, value in data.items():
+        tp, key = types[name], prefix + name
+        if _is_dataclass_type(tp):
+            kwargs[name] = from_dict(tp, value, key + ".")
+        else:
+            kwargs[name] = _coerce(value, tp, key)
+    return cls(**kwargs)
+
+
+def validate(config: RunConfig) -> RunConfig:
+    """The one validation pass: re-checks every field's type, choices and range, then cross-field rules."""
+    from_dict(RunConfig, to_dict(config))  # types and unknown keys
+    _walk_limits(config, "")
+    return config
+
+
+def _walk_limits(obj: Any, prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _walk_limits(value, prefix + f.name + ".")
+        else:
+            _check_limits(value, f, prefix + f.name)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config as a plain nested dict (what is saved and broadcast)."""
+    return dataclasses.asdict(config)
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: {part} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``section.key=value``; the value is read as YAML (so 3, 0.1, true and null are typed)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (.yaml/.yml) or TOML (.toml) config file into a dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    if path.suffix == ".toml":
+        import tomllib
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+    elif path.suffix in (".yaml", ".yml", ".json"):
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+    else:
+        raise ConfigError(f"config file {path}: unknown extension {path.suffix!r}; use .yaml, .yml or .toml")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping at the top level")
+    return data
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``update`` into a copy of ``base``."""
+    out = json.loads(json.dumps(base))
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None = None,
+                overrides: list[str] | tuple[str, ...] = (), **top: Any) -> RunConfig:
+    """Resolve a RunConfig: dataclass defaults < recipe ``defaults`` < ``file`` < ``top`` < ``overrides``.
+
+    ``top`` takes dotted keys as keyword names with ``__`` for dots (``train__epochs=3``) and skips
+    None values, which is what the CLI's optional flags pass.
+    """
+    data: dict[str, Any] = {}
+    if defaults:
+        data = merge(data, defaults)
+    if file:
+        data = merge(data, read_file(file))
+    for key, value in top.items():
+        if value is not None:
+            _set_path(data, key.replace("__", "."), value)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    return validate(from_dict(RunConfig, data))
+
+
+def dump_yaml(config: RunConfig) -> str:
+    """The resolved config as YAML text."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)

@@ -1,0 +1,80 @@
+"""What ``hvdtrain env`` prints: versions, Horovod's build, the machine."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+
+def _version(*names: str) -> str:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def horovod_build() -> dict[str, bool]:
+    """Which frameworks, controllers and tensor operations the installed Horovod was built with."""
+    try:
+        from horovod.common import util
+    except ImportError:
+        return {}
+    checks = {
+        "PyTorch": lambda: util.extension_available("torch"),
+        "TensorFlow": lambda: util.extension_available("tensorflow"),
+        "MXNet": lambda: util.extension_available("mxnet"),
+        "MPI": util.mpi_built, "Gloo": util.gloo_built,
+        "NCCL": util.nccl_built, "DDL": util.ddl_built, "CCL": util.ccl_built,
+        "CUDA": util.cuda_built, "ROCm": util.rocm_built,
+    }
+    result = {}
+    for name, check in checks.items():
+        try:
+            result[name] = bool(check())
+        except Exception:
+            result[name] = False
+    return result
+
+
+def _mpirun_version() -> str:
+    exe = shutil.which("mpirun")
+    if not exe:
+        return "not found"
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
+        return out.splitlines()[0].strip() if out else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def describe_environment() -> str:
+    """A plain-text block with everything a bug report needs."""
+    import hvdtrain
+
+    build = horovod_build()
+    mark = lambda key: "[X]" if build.get(key) else "[ ]"  # noqa: E731
+    lines = [
+        f"hvdtrain:       {hvdtrain.__version__}",
+        f"python:         {sys.version.split()[0]} ({sys.executable})",
+        f"platform:       {platform.platform()}",
+        f"cpus:           {os.cpu_count()}",
+        f"torch:          {_version('torch')}",
+        f"tensorflow:     {_version('tensorflow-cpu', 'tensorflow', 'tensorflow_cpu')}",
+        f"keras:          {_version('keras')}",
+        f"horovod:        {_version('horovod')}",
+        f"mpi4py:         {_version('mpi4py')}",
+        f"mpirun:         {_mpirun_version()}",
+        "horovod build:",
+        f"  frameworks:   {mark('PyTorch')} PyTorch  {mark('TensorFlow')} TensorFlow  {mark('MXNet')} MXNet",
+        f"  controllers:  {mark('MPI')} MPI  {mark('Gloo')} Gloo",
+        f"  tensor ops:   {mark('NCCL')} NCCL  {mark('DDL')} DDL  {mark('CCL')} CCL  {mark('MPI')} MPI  "
+        f"{mark('Gloo')} Gloo",
+        f"  gpu:          {mark('CUDA')} CUDA  {mark('ROCm')} ROCm",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""Recipe registry: a recipe is a name, defaults, and one builder function per framework.
+
+Recipes register themselves (``@register_recipe("name", framework="torch")``); the CLI and the
+Python API look them up with :func:`get_builder`. A duplicate registration or an unknown name or
+framework is a :class:`RecipeError` naming what is known.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hvdtrain.core.config import FRAMEWORKS
+
+BUILTIN_RECIPE_MODULES = ("recipes.image_classification",)
+
+
+class RecipeError(LookupError):
+    """An unknown or duplicate recipe or framework."""
+
+
+@dataclass
+class RecipeSpec:
+    """One recipe: description, config defaults, and a builder per framework.
+
+    A builder takes ``(config, ctx)`` (a :class:`~hvdtrain.core.config.RunConfig` and a
+    :class:`~hvdtrain.core.adapter.DistContext`) and returns a
+    :class:`~hvdtrain.core.task.TrainTask`.
+    """
+
+    name: str
+    description: str = ""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    builders: dict[str, Callable[..., Any]] = field(default_factory=dict)
+
+
+_RECIPES: dict[str, RecipeSpec] = {}
+_builtins_loaded = False
+
+
+def define_recipe(name: str, description: str = "", defaults: dict[str, Any] | None = None) -> RecipeSpec:
+    """Declare recipe ``name`` with its description and config defaults (a nested dict)."""
+    if name in _RECIPES:
+        raise RecipeError(f"recipe {name!r} is already defined")
+    spec = RecipeSpec(name, description, dict(defaults or {}))
+    _RECIPES[name] = spec
+    return spec
+
+
+def register_recipe(name: str, framework: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering a builder of recipe ``name`` for ``framework``.
+
+    The recipe is defined on first use if :func:`define_recipe` was not called.
+    """
+    if framework not in FRAMEWORKS:
+        raise RecipeError(f"framework {framework!r} is not supported; choose one of: {', '.join(FRAMEWORKS)}")
+
+    def decorate(builder: Callable[..., Any]) -> Callable[..., Any]:
+        spec = _RECIPES.get(name) or define_recipe(name)
+        if framework in spec.builders:
+            raise RecipeError(f"recipe {name!r} already has a {framework} builder "
+                              f"({spec.builders[framework].__module__}.{spec.builders[framework].__qualname__})")
+        spec.builders[framework] = builder
+        return builder
+
+    return decorate
+
+
+def unregister_recipe(name: str) -> None:
+    """Remove recipe ``name`` (mostly for tests and notebooks that redefine a recipe)."""
+    _RECIPES.pop(name, None)
+
+
+def load_builtin_recipes() -> None:
+    """Import the recipes shipped with hvdtrain (idempotent)."""
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        for module in BUILTIN_RECIPE_MODULES:
+            importlib.import_module(module)
+
+
+def list_recipes() -> dict[str, RecipeSpec]:
+    """All known recipes by name."""
+    load_builtin_recipes()
+    return dict(sorted(_RECIPES.items()))
+
+
+def get_recipe(name: str) -> RecipeSpec:
+    """The recipe called ``name``, or a RecipeError listing the known ones."""
+    recipes = list_recipes()
+    if name not in recipes:
+        known = ", ".join(recipes) or "none"
+        raise RecipeError(f"unknown recipe {name!r}; known recipes: {known}")
+    return recipes[name]
+
+
+def get_builder(name: str, framework: str) -> Callable[..., Any]:
+    """The builder of recipe ``name`` for ``framework``, or a RecipeError naming what exists."""
+    spec = get_recipe(name)
+    if framework not in spec.builders:
+        have = ", ".join(sorted(spec.builders)) or "none"
+        raise RecipeError(f"recipe {name!r} has no {framework!r} version; available frameworks: {have}")
+    return spec.builders[framework]

@@ -1,0 +1,63 @@
+"""What a recipe builder hands the training loop: model, optimizer, loss, data, metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+
+class Dataset(Protocol):
+    """Random-access data: ``get_batch`` returns framework-neutral NumPy ``(inputs, targets)``."""
+
+    def __len__(self) -> int: ...
+
+    def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[Any, np.ndarray]: ...
+
+
+@dataclass
+class ArrayDataset:
+    """A dataset held in NumPy arrays, with an optional per-batch transform ``(x, y, epoch) -> (x, y)``."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    transform: Callable[[np.ndarray, np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.targets):
+            raise ValueError(f"inputs ({len(self.inputs)}) and targets ({len(self.targets)}) differ in length")
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.inputs[indices], self.targets[indices]
+        if self.transform is not None:
+            x, y = self.transform(x, y, indices, epoch)
+        return x, y
+
+
+def accuracy_from_sums(sums: dict[str, float]) -> dict[str, float]:
+    """Classification accuracy from the summed ``correct`` and ``count``."""
+    return {"accuracy": sums["correct"] / max(1.0, sums["count"])}
+
+
+@dataclass
+class TrainTask:
+    """A recipe's product, consumed by :class:`hvdtrain.core.loop.Trainer` through an adapter.
+
+    ``model``, ``optimizer`` and ``loss_fn`` are framework-native (``loss_fn(outputs, targets)``
+    returns a scalar mean loss). ``metric_sums(outputs, targets)`` returns framework-native
+    per-batch sums (for example ``{"correct": ...}``); ``finalize_metrics`` turns the summed values
+    (plus ``count``) into the reported metrics.
+    """
+
+    model: Any
+    optimizer: Any
+    loss_fn: Callable[[Any, Any], Any]
+    train_data: Dataset
+    val_data: Dataset
+    metric_sums: Callable[[Any, Any], dict[str, Any]]
+    finalize_metrics: Callable[[dict[str, float]], dict[str, float]] = accuracy_from_sums
+    info: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,185 @@
+"""The :class:`~hvdtrain.core.adapter.FrameworkAdapter` for TensorFlow 2 / Keras 3 and ``horovod.tensorflow``.
+
+Horovod 0.28.1's TF helpers predate Keras 3: they expect ``tf.Variable`` where Keras 3 has
+``keras.Variable`` wrappers, and ``horovod.tensorflow.keras`` silently skips the allreduce with
+Keras 3 optimizers. This adapter therefore drives training with ``tf.GradientTape`` +
+``hvd.DistributedGradientTape`` in a ``tf.function`` and hands Horovod the wrapped
+``tf.Variable`` (``v.value``) of every Keras variable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.core.adapter import DistContext, FrameworkAdapter
+from hvdtrain.core.config import ConfigError
+
+MODEL_FILE = "model.weights.h5"
+OPTIMIZER_FILE = "optimizer.npz"
+
+
+def tf_variables(variables: list[Any]) -> list[tf.Variable]:
+    """The ``tf.Variable`` behind each Keras 3 variable (what Horovod's TF ops accept)."""
+    return [getattr(v, "value", v) if not isinstance(v, tf.Variable) else v for v in variables]
+
+
+def _as_tensor(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: tf.convert_to_tensor(v) for k, v in value.items()}
+    return tf.convert_to_tensor(value)
+
+
+class TensorFlowAdapter(FrameworkAdapter):
+    """Gradients allreduced by ``hvd.DistributedGradientTape`` (optional fp16 compression; with
+    gradient accumulation, local sums then one grouped allreduce); variables broadcast from rank 0."""
+
+    name = "tensorflow"
+
+    def init(self, train_config: Any) -> DistContext:
+        hvd.init()
+        threads = train_config.threads or max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+        keras.utils.set_random_seed(train_config.seed)
+        precision = train_config.mixed_precision
+        if precision == "fp16" and not gpus:
+            raise ConfigError("train.mixed_precision: 'fp16' needs a GPU; use 'bf16' on CPU")
+        keras.mixed_precision.set_global_policy(
+            {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[precision])
+        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+        self._collective_id = 0
+        return self.ctx
+
+    def prepare(self, task: Any, train_config: Any, optim_config: Any) -> None:
+        self.task = task
+        self.model = task.model
+        self.optimizer = task.optimizer
+        self.accumulation = train_config.grad_accumulation
+        self.grad_clip_norm = optim_config.grad_clip_norm
+        self.compression = hvd.Compression.fp16 if train_config.fp16_allreduce else hvd.Compression.none
+        if not self.model.built:
+            sample, _ = task.train_data.get_batch(np.arange(1), 0)
+            self.model(_as_tensor(sample), training=False)
+        self.trainable = self.model.trainable_variables
+        self.optimizer.build(self.trainable)  # create slots now so they can be broadcast
+        self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tf_variables(self.trainable)] \
+            if self.accumulation > 1 else []
+        self._train_apply = tf.function(self._apply_step, reduce_retracing=True)
+        self._train_accumulate = tf.function(self._accumulate_step, reduce_retracing=True)
+        self._eval = tf.function(self._eval_step, reduce_retracing=True)
+
+    def _loss(self, inputs: Any, targets: Any, training: bool) -> tuple[Any, Any]:
+        outputs = self.model(inputs, training=training)
+        return outputs, tf.cast(self.task.loss_fn(outputs, targets), tf.float32)
+
+    def _update(self, grads: list[Any]) -> None:
+        if self.grad_clip_norm is not None:
+            grads, _ = tf.clip_by_global_norm(grads, self.grad_clip_norm)
+        self.optimizer.apply_gradients(zip(grads, self.trainable))
+
+    def _apply_step(self, inputs: Any, targets: Any) -> Any:
+        with tf.GradientTape() as tape:
+            _, loss = self._loss(inputs, targets, training=True)
+            scaled = loss / self.accumulation
+        variables = tf_variables(self.trainable)
+        if not self.accumulators:
+            tape = hvd.DistributedGradientTape(tape, compression=self.compression,  # distributed: allreduce
+                                               sparse_as_dense=True)
+            grads = tape.gradient(scaled, variables)
+        else:
+            local = tape.gradient(scaled, variables)
+            summed = [a + tf.convert_to_tensor(g) for a, g in zip(self.accumulators, local)]
+            grads = hvd.grouped_allreduce(summed, op=hvd.Average,  # distributed: one fused allreduce
+                                          compression=self.compression)
+            for a in self.accumulators:
+                a.assign(tf.zeros_like(a))
+        self._update(grads)
+        return loss
+
+    def _accumulate_step(self, inputs: Any, targets: Any) -> Any:
+        with tf.GradientTape() as tape:
+            _, loss = self._loss(inputs, targets, training=True)
+            scaled = loss / self.accumulation
+        for a, g in zip(self.accumulators, tape.gradient(scaled, tf_variables(self.trainable))):
+            a.assign_add(tf.convert_to_tensor(g))
+        return loss
+
+    def _eval_step(self, inputs: Any, targets: Any) -> dict[str, Any]:
+        outputs, loss = self._loss(inputs, targets, training=False)
+        count = tf.cast(tf.shape(targets)[0], tf.float32)
+        sums = {"loss_sum": loss * count, "count": count}
+        sums.update({k: tf.cast(v, tf.float32) for k, v in self.task.metric_sums(outputs, targets).items()})
+        return sums
+
+    def broadcast_state(self, root_rank: int = 0) -> None:
+        variables = tf_variables(self.model.variables) + tf_variables(self.optimizer.variables)
+        hvd.broadcast_variables(variables, root_rank=root_rank)  # distributed: model + optimizer state
+
+    def set_learning_rate(self, lr: float) -> None:
+        self.optimizer.learning_rate = lr
+
+    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True) -> float:
+        step = self._train_apply if apply_update or not self.accumulators else self._train_accumulate
+        return float(step(_as_tensor(inputs), tf.convert_to_tensor(targets)))
+
+    def eval_step(self, inputs: Any, targets: Any) -> dict[str, float]:
+        return {k: float(v) for k, v in self._eval(_as_tensor(inputs), tf.convert_to_tensor(targets)).items()}
+
+    def _name(self, prefix: str) -> str:
+        self._collective_id += 1
+        return f"hvdtrain.{prefix}.{self._collective_id}"
+
+    def allreduce_sums(self, values: dict[str, float]) -> dict[str, float]:
+        keys = list(values)
+        tensor = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
+        reduced = hvd.allreduce(tensor, op=hvd.Sum, name=self._name("allreduce_sums"))  # distributed
+        return dict(zip(keys, reduced.numpy().tolist()))
+
+    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
+        return hvd.broadcast_object(obj, root_rank=root_rank, name=self._name("broadcast_object"))  # distributed
+
+    def save_state(self, directory: Path) -> None:
+        self.model.save_weights(str(Path(directory) / MODEL_FILE))
+        arrays = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(self.optimizer.variables)}
+        with open(Path(directory) / OPTIMIZER_FILE, "wb") as f:
+            np.savez(f, **arrays)
+
+    def load_state(self, directory: Path) -> None:
+        self.model.load_weights(str(Path(directory) / MODEL_FILE))
+        with np.load(Path(directory) / OPTIMIZER_FILE, allow_pickle=False) as saved:
+            names = sorted(saved.files)
+            if len(names) != len(self.optimizer.variables):
+                raise ValueError(f"optimizer state in {directory} has {len(names)} variables, "
+                                 f"this optimizer has {len(self.optimizer.variables)}")
+            for name, variable in zip(names, self.optimizer.variables):
+                variable.assign(saved[name])
+
+
+def build_optimizer(optim_config: Any, exclude_from_weight_decay: list[str] | None = None) -> keras.optimizers.Optimizer:
+    """The Keras optimizer an :class:`~hvdtrain.core.config.OptimConfig` names (LR is set per step
+    by the schedule). Variables whose names contain a string in ``exclude_from_weight_decay``
+    get no weight decay."""
+    name, lr, wd = optim_config.name, optim_config.lr, optim_config.weight_decay or None
+    if name == "sgd":
+        opt = keras.optimizers.SGD(learning_rate=lr, momentum=optim_config.momentum, weight_decay=wd)
+    elif name == "adam":
+        opt = keras.optimizers.Adam(learning_rate=lr, weight_decay=wd)
+    elif name == "adamw":
+        opt = keras.optimizers.AdamW(learning_rate=lr, weight_decay=optim_config.weight_decay)
+    else:
+        raise ConfigError(f"optim.name: {name!r} is not allowed; choose one of: sgd, adam, adamw")
+    if exclude_from_weight_decay:
+        opt.exclude_from_weight_decay(var_names=exclude_from_weight_decay)
+    return opt

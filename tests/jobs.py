@@ -1,0 +1,45 @@
+"""Shared helpers: run real `horovodrun` jobs and the `hvdtrain` CLI from tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def job_env() -> dict[str, str]:
+    """Environment for launched jobs: the venv first on PATH, Open MPI allowed to run as root."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}",
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    return env
+
+
+def run(cmd: list[str], timeout: float = 600, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a command; on an unexpected exit code fail with its output."""
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
+                          env=job_env(), cwd=cwd or REPO)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}"
+                    f"\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def horovodrun(args: list[str], np: int = 2, controller: str = "gloo", **kwargs) -> subprocess.CompletedProcess:
+    """``horovodrun -np N -H localhost:N --gloo|--mpi ARGS``: a real Horovod job on this host."""
+    return run([BIN / "horovodrun", "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *args], **kwargs)
+
+
+def hvdtrain_cli() -> str:
+    """Path of the installed `hvdtrain` console script."""
+    exe = BIN / "hvdtrain"
+    return str(exe if exe.exists() else shutil.which("hvdtrain"))
