@@ -82,6 +82,8 @@ class CheckpointManager:
     """Writes (on rank 0) and finds checkpoints under ``directory``."""
 
     def __init__(self, directory: str | Path, keep_last: int = 3):
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.directory = Path(directory)
         self.keep_last = keep_last
 
@@ -138,7 +140,7 @@ class CheckpointManager:
                 if child.is_file():
                     _fsync_path(child)
                     files[child.name] = sha256_file(child)
-            manifest = {"format_version": FORMAT_VERSION, **manifest, "files": files}
+            manifest = {**manifest, "format_version": FORMAT_VERSION, "files": files}
             atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
             _fsync_path(tmp)
             os.rename(tmp, final)

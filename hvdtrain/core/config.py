@@ -7,8 +7,10 @@ the bad key or value together with what is allowed.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,6 +172,8 @@ def _check_limits(value: Any, f: dataclasses.Field, key: str) -> None:
         allowed = ", ".join(map(str, meta["choices"]))
         raise ConfigError(f"{key}: {value!r} is not allowed; choose one of: {allowed}")
     lo, hi = meta.get("min"), meta.get("max")
+    if isinstance(value, float) and not math.isfinite(value) and (lo is not None or hi is not None):
+        raise ConfigError(f"{key}: {value!r} is not a finite number")
     if lo is not None and (value < lo or (meta.get("min_exclusive") and value == lo)):
         op = ">" if meta.get("min_exclusive") else ">="
         raise ConfigError(f"{key}: {value!r} is out of range; it must be {op} {lo}"
@@ -264,7 +268,7 @@ def read_file(path: str | Path) -> dict[str, Any]:
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
     else:
-        raise ConfigError(f"config file {path}: unknown extension {path.suffix!r}; use .yaml, .yml or .toml")
+        raise ConfigError(f"config file {path}: unknown extension {path.suffix!r}; use .yaml, .yml, .json or .toml")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping at the top level")
     return data
@@ -272,12 +276,12 @@ def read_file(path: str | Path) -> dict[str, Any]:
 
 def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge ``update`` into a copy of ``base``."""
-    out = json.loads(json.dumps(base))
+    out = copy.deepcopy(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = merge(out[key], value)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)
     return out
 
 

@@ -76,9 +76,9 @@ def load_builtin_recipes() -> None:
     """Import the recipes shipped with hvdtrain (idempotent)."""
     global _builtins_loaded
     if not _builtins_loaded:
-        _builtins_loaded = True
         for module in BUILTIN_RECIPE_MODULES:
             importlib.import_module(module)
+        _builtins_loaded = True
 
 
 def list_recipes() -> dict[str, RecipeSpec]:

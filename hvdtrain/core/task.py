@@ -18,7 +18,7 @@ class Dataset(Protocol):
 
 @dataclass
 class ArrayDataset:
-    """A dataset held in NumPy arrays, with an optional per-batch transform ``(x, y, epoch) -> (x, y)``."""
+    """A dataset held in NumPy arrays, with an optional per-batch transform ``(x, y, indices, epoch) -> (x, y)``."""
 
     inputs: np.ndarray
     targets: np.ndarray

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter
 from hvdtrain.core.config import ConfigError
+from hvdtrain.core.launch import prepare_horovod_environment
 
 MODEL_FILE = "model.weights.h5"
 OPTIMIZER_FILE = "optimizer.npz"
@@ -43,6 +44,7 @@ class TensorFlowAdapter(FrameworkAdapter):
     name = "tensorflow"
 
     def init(self, train_config: Any) -> DistContext:
+        prepare_horovod_environment()
         hvd.init()
         threads = train_config.threads or max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
         tf.config.threading.set_intra_op_parallelism_threads(threads)

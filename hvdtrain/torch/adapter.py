@@ -14,6 +14,7 @@ import torch
 
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter
 from hvdtrain.core.config import ConfigError
+from hvdtrain.core.launch import prepare_horovod_environment
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -31,6 +32,7 @@ class TorchAdapter(FrameworkAdapter):
     name = "torch"
 
     def init(self, train_config: Any) -> DistContext:
+        prepare_horovod_environment()
         hvd.init()
         torch.set_num_threads(train_config.threads or default_threads(hvd.local_size()))
         random.seed(train_config.seed)
@@ -112,7 +114,7 @@ class TorchAdapter(FrameworkAdapter):
                     self.scaler.update()
                 else:
                     self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad()
 
     @torch.no_grad()
     def eval_step(self, inputs: Any, targets: Any) -> dict[str, float]:

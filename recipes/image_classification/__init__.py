@@ -22,7 +22,7 @@ import hvdtrain
 DEFAULTS = {
     "model": {"name": "small_cnn"},
     "train": {"epochs": 2, "batch_size": 64},
-    "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9, "warmup_epochs": 0.2, "decay": "cosine"},
+    "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "warmup_epochs": 0.2, "decay": "cosine"},
 }
 
 hvdtrain.define_recipe(

@@ -156,9 +156,6 @@ def test_later_override_wins():
     assert config.train.epochs == 9
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: config.merge() stores the nested dicts of `defaults` by "
-                   "reference, so _set_path() writes --set/keyword values into the caller's (recipe's) "
-                   "defaults dict")
 def test_load_config_does_not_mutate_defaults():
     defaults = {"train": {"epochs": 2}}
     snapshot = copy.deepcopy(defaults)
@@ -464,8 +461,6 @@ def test_dump_yaml_is_plain_nested_yaml():
     assert data["model"]["num_classes"] == 10
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: _check_limits() lets NaN through every range check "
-                   "(all comparisons with NaN are False)")
 @pytest.mark.parametrize("override", ["optim.lr=.nan", "optim.momentum=nan", "optim.min_lr_ratio=.nan"])
 def test_nan_is_out_of_range(override):
     with pytest.raises(ConfigError):
