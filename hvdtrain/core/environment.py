@@ -31,7 +31,8 @@ def horovod_build() -> dict[str, bool]:
         "MXNet": lambda: util.extension_available("mxnet"),
         "MPI": util.mpi_built, "Gloo": util.gloo_built,
         "NCCL": util.nccl_built, "DDL": util.ddl_built, "CCL": util.ccl_built,
-        "CUDA": util.cuda_built, "ROCm": util.rocm_built,
+        "GPU (torch)": lambda: util.gpu_available("torch"),
+        "GPU (tensorflow)": lambda: util.gpu_available("tensorflow"),
     }
     result = {}
     for name, check in checks.items():
@@ -75,6 +76,6 @@ def describe_environment() -> str:
         f"  controllers:  {mark('MPI')} MPI  {mark('Gloo')} Gloo",
         f"  tensor ops:   {mark('NCCL')} NCCL  {mark('DDL')} DDL  {mark('CCL')} CCL  {mark('MPI')} MPI  "
         f"{mark('Gloo')} Gloo",
-        f"  gpu:          {mark('CUDA')} CUDA  {mark('ROCm')} ROCm",
+        f"  gpu support:  {mark('GPU (torch)')} PyTorch  {mark('GPU (tensorflow)')} TensorFlow",
     ]
     return "\n".join(lines)

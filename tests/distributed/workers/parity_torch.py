@@ -5,19 +5,17 @@ the allreduced gradient's error against a one-process gradient on the concatenat
 the parameter spread after several training steps on rank-specific data.
 """
 
-import json
-import sys
-
 import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
+from parity_common import (CLASSES, FEATURES, LR, global_batch, micro_batches, parse_args, spread,
+                           train_on_rank_specific_data, write_report)
 
 from hvdtrain import ArrayDataset, OptimConfig, TrainConfig, TrainTask
 from hvdtrain.torch import TorchAdapter
 
-out_path, accumulation, fp16 = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "fp16"
-LR, BATCH, FEATURES, CLASSES = 0.5, 4, 8, 3
+out_path, accumulation, fp16 = parse_args()
 
 
 def make_model():
@@ -26,10 +24,6 @@ def make_model():
 
 def flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double().numpy()
-
-
-def spread(vectors):
-    return float(max(np.abs(v - vectors[0]).max() for v in vectors))
 
 
 adapter = TorchAdapter()
@@ -46,13 +40,9 @@ adapter.broadcast_state()
 after = spread(hvd.allgather_object(flat(model)))
 initial = {k: v.clone() for k, v in model.state_dict().items()}
 
-rng = np.random.default_rng(1234)
-n_all = ctx.size * accumulation * BATCH
-x_all = rng.standard_normal((n_all, FEATURES)).astype(np.float32)
-y_all = rng.integers(0, CLASSES, n_all).astype(np.int64)
-mine = np.arange(n_all).reshape(ctx.size, accumulation, BATCH)[ctx.rank]
+x_all, y_all, rng = global_batch(ctx.size, accumulation)
 adapter.set_learning_rate(LR)
-for i, idx in enumerate(mine):
+for i, idx in enumerate(micro_batches(ctx.rank, ctx.size, accumulation)):
     adapter.train_step(x_all[idx], y_all[idx], apply_update=i == accumulation - 1)
 update = (np.concatenate([v.double().reshape(-1).numpy() for v in initial.values()]) - flat(model)) / LR
 
@@ -61,14 +51,5 @@ reference.load_state_dict(initial)
 F.cross_entropy(reference(torch.from_numpy(x_all)), torch.from_numpy(y_all)).backward()
 expected = torch.cat([p.grad.reshape(-1) for p in reference.parameters()]).double().numpy()
 
-for step in range(5):
-    x = rng.standard_normal((BATCH, FEATURES)).astype(np.float32) + ctx.rank
-    y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
-    adapter.train_step(x, y, apply_update=True)
-final = spread(hvd.allgather_object(flat(model)))
-
-if ctx.rank == 0:
-    with open(out_path, "w") as f:
-        json.dump({"world_size": ctx.size, "spread_before_broadcast": before, "spread_after_broadcast": after,
-                   "grad_max_abs_error": float(np.abs(update - expected).max()),
-                   "grad_max_abs": float(np.abs(expected).max()), "spread_after_steps": final}, f)
+train_on_rank_specific_data(adapter, rng, ctx.rank)
+write_report(out_path, ctx, before, after, update, expected, spread(hvd.allgather_object(flat(model))))
