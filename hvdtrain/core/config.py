@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import typing
 from dataclasses import dataclass, field

@@ -93,6 +93,16 @@ def _previous_history(output: Path, upto_epoch: int) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("epoch", 0) <= upto_epoch]
 
 
+@dataclass
+class EpochStats:
+    """This rank's totals for one training epoch."""
+
+    global_step: int
+    lr: float = 0.0
+    loss_sum: float = 0.0
+    samples: int = 0
+
+
 class Trainer:
     """Runs one recipe on one framework with the given config."""
 
@@ -138,8 +148,7 @@ class Trainer:
 
         per_rank = sharding.shard_size(n_train, ctx.size, cfg.data.remainder)
         micro_steps = math.ceil(per_rank / cfg.train.batch_size)
-        accum = cfg.train.grad_accumulation
-        opt_steps_per_epoch = math.ceil(micro_steps / accum)
+        opt_steps_per_epoch = math.ceil(micro_steps / cfg.train.grad_accumulation)
         schedule = build_schedule(cfg.optim, ctx.size, opt_steps_per_epoch, cfg.train.epochs)
         global_step = start_epoch * opt_steps_per_epoch
         gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {n_train} train / "
@@ -148,30 +157,11 @@ class Trainer:
 
         last_checkpoint = Path(plan["checkpoint"]) if plan.get("checkpoint") else None
         for epoch in range(start_epoch, cfg.train.epochs):
-            indices = sharding.train_shard(n_train, ctx.rank, ctx.size, epoch, cfg.train.seed,
-                                           cfg.data.shuffle, cfg.data.remainder)
-            batch_list = sharding.batches(indices, cfg.train.batch_size)
-            loss_sum, samples = 0.0, 0
             started = time.perf_counter()
-            loaded = prefetch(batch_list, lambda idx: task.train_data.get_batch(idx, epoch),
-                              cfg.data.prefetch_batches)
-            for i, (inputs, targets) in enumerate(loaded):
-                if i % accum == 0:
-                    lr = schedule(global_step)
-                    adapter.set_learning_rate(lr)
-                apply = (i + 1) % accum == 0 or i == len(batch_list) - 1
-                loss = adapter.train_step(inputs, targets, apply_update=apply)
-                global_step += int(apply)
-                loss_sum += loss * len(targets)
-                samples += len(targets)
-                if cfg.train.log_every and (i + 1) % cfg.train.log_every == 0:
-                    rate = samples * ctx.size / (time.perf_counter() - started)
-                    gate.print(f"epoch {epoch + 1}/{cfg.train.epochs} step {i + 1}/{len(batch_list)} "
-                               f"loss {loss:.4f} lr {lr:.4g} {rate:.0f} samples/s")
-            train_time = time.perf_counter() - started
-
-            totals = adapter.allreduce_sums({"loss_sum": loss_sum, "samples": float(samples),
-                                             "time": train_time})
+            stats = self._train_epoch(task, ctx, gate, epoch, schedule, global_step)
+            global_step = stats.global_step
+            totals = adapter.allreduce_sums({"loss_sum": stats.loss_sum, "samples": float(stats.samples),
+                                             "time": time.perf_counter() - started})
             val = self._evaluate(task, ctx)
             record = {
                 "epoch": epoch + 1,
@@ -179,7 +169,7 @@ class Trainer:
                 **{f"val_{k}": v for k, v in val.items()},
                 "samples_per_sec": totals["samples"] / (totals["time"] / ctx.size),
                 "epoch_time_sec": time.perf_counter() - started,
-                "lr": lr,
+                "lr": stats.lr,
                 "world_size": ctx.size,
                 "step": global_step,
             }
@@ -203,6 +193,32 @@ class Trainer:
                    + (f" samples/s={final['samples_per_sec']:.0f}" if final else "")
                    + f" output={output}")
         return result
+
+    def _train_epoch(self, task: Any, ctx: DistContext, gate: RankZeroGate, epoch: int, schedule: Any,
+                     global_step: int) -> "EpochStats":
+        """One pass over this rank's shard: LR per optimizer step, accumulation, progress lines."""
+        cfg, adapter = self.config, self.adapter
+        accum = cfg.train.grad_accumulation
+        indices = sharding.train_shard(len(task.train_data), ctx.rank, ctx.size, epoch, cfg.train.seed,
+                                       cfg.data.shuffle, cfg.data.remainder)
+        batch_list = sharding.batches(indices, cfg.train.batch_size)
+        stats = EpochStats(global_step=global_step)
+        started = time.perf_counter()
+        loaded = prefetch(batch_list, lambda idx: task.train_data.get_batch(idx, epoch), cfg.data.prefetch_batches)
+        for i, (inputs, targets) in enumerate(loaded):
+            if i % accum == 0:
+                stats.lr = schedule(stats.global_step)
+                adapter.set_learning_rate(stats.lr)
+            apply = (i + 1) % accum == 0 or i == len(batch_list) - 1
+            loss = adapter.train_step(inputs, targets, apply_update=apply)
+            stats.global_step += int(apply)
+            stats.loss_sum += loss * len(targets)
+            stats.samples += len(targets)
+            if cfg.train.log_every and (i + 1) % cfg.train.log_every == 0:
+                rate = stats.samples * ctx.size / (time.perf_counter() - started)
+                gate.print(f"epoch {epoch + 1}/{cfg.train.epochs} step {i + 1}/{len(batch_list)} "
+                           f"loss {loss:.4f} lr {stats.lr:.4g} {rate:.0f} samples/s")
+        return stats
 
     def _evaluate(self, task: Any, ctx: DistContext) -> dict[str, float]:
         """Validation metrics over the whole validation set, each sample counted once."""
