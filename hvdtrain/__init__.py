@@ -12,6 +12,7 @@ Recipes are registered with :func:`define_recipe` and :func:`register_recipe`.
 
 __version__ = "0.1.0"
 
+from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, FrameworkMissingError, load_adapter
 from hvdtrain.core.checkpoint import CheckpointError, CheckpointManager
 from hvdtrain.core.config import (CheckpointConfig, ConfigError, DataConfig, ModelConfig, OptimConfig,
@@ -22,7 +23,7 @@ from hvdtrain.core.registry import (RecipeError, define_recipe, get_recipe, list
 from hvdtrain.core.task import ArrayDataset, TrainTask, accuracy_from_sums
 
 __all__ = [
-    "ArrayDataset", "CheckpointConfig", "CheckpointError", "CheckpointManager", "ConfigError", "DataConfig",
+    "ArrayDataset", "Callback", "CheckpointConfig", "CheckpointError", "CheckpointManager", "ConfigError", "DataConfig",
     "DistContext", "FrameworkAdapter", "FrameworkMissingError", "ModelConfig", "OptimConfig", "RecipeError",
     "RunConfig", "RunResult", "TrainConfig", "TrainTask", "Trainer", "TrainingError", "accuracy_from_sums",
     "define_recipe", "get_recipe", "list_recipes", "load_adapter", "load_config", "register_recipe", "train",

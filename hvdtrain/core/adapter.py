@@ -45,11 +45,12 @@ class FrameworkAdapter(ABC):
     name: str = ""
 
     @abstractmethod
-    def init(self, train_config: Any) -> DistContext:
-        """Initialise Horovod, set intra-op threads and seeds; return this process's place."""
+    def init(self, config: Any) -> DistContext:
+        """Initialise Horovod for the :class:`~hvdtrain.core.config.RunConfig` ``config``, set
+        intra-op threads and seeds; return this process's place."""
 
     @abstractmethod
-    def prepare(self, task: Any, train_config: Any, optim_config: Any) -> None:
+    def prepare(self, task: Any, config: Any) -> None:
         """Take the recipe's model, optimizer and loss; wire them to Horovod's gradient allreduce
         (compression, accumulation, mixed precision) and create all optimizer state."""
 

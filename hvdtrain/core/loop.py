@@ -19,6 +19,7 @@ from typing import Any
 import hvdtrain
 from hvdtrain.core import sharding
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, load_adapter
+from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager, atomic_write_text
 from hvdtrain.core.config import RunConfig, dump_yaml, to_dict
 from hvdtrain.core.prefetch import prefetch
@@ -106,15 +107,17 @@ class EpochStats:
 class Trainer:
     """Runs one recipe on one framework with the given config."""
 
-    def __init__(self, config: RunConfig, adapter: FrameworkAdapter | None = None):
+    def __init__(self, config: RunConfig, adapter: FrameworkAdapter | None = None,
+                 callbacks: list[Callback] | tuple[Callback, ...] = ()):
         self.config = config
         self.adapter = adapter or load_adapter(config.framework)
+        self.callbacks = CallbackList(callbacks)
 
     def fit(self) -> RunResult:
         """Train for ``config.train.epochs`` epochs (from the resume point) and return the history."""
         cfg, adapter = self.config, self.adapter
         builder = get_builder(cfg.recipe, cfg.framework)
-        ctx = adapter.init(cfg.train)
+        ctx = adapter.init(cfg)
         gate = RankZeroGate(ctx.rank)
         output = Path(cfg.output)
         manager = CheckpointManager(output / "checkpoints", cfg.checkpoint.keep_last)
@@ -129,7 +132,7 @@ class Trainer:
         n_train = len(task.train_data)
         if n_train < ctx.size:
             raise TrainingError(f"{n_train} training samples cannot be shared by {ctx.size} workers")
-        adapter.prepare(task, cfg.train, cfg.optim)
+        adapter.prepare(task, cfg)
 
         start_epoch = int(plan["epoch"])
         history: list[dict[str, Any]] = []
@@ -156,6 +159,8 @@ class Trainer:
                    f"per worker, peak LR {schedule.peak_lr:g}")
 
         last_checkpoint = Path(plan["checkpoint"]) if plan.get("checkpoint") else None
+        self.callbacks.on_train_begin(ctx, {"config": cfg, "output": output, "start_epoch": start_epoch,
+                                            "steps_per_epoch": micro_steps, "world_size": ctx.size})
         for epoch in range(start_epoch, cfg.train.epochs):
             started = time.perf_counter()
             stats = self._train_epoch(task, ctx, gate, epoch, schedule, global_step)
@@ -182,11 +187,15 @@ class Trainer:
                 })
                 last_checkpoint = info.path
             gate.append_jsonl(output / METRICS_FILE, record)
+            self.callbacks.on_epoch_end(epoch, record)
             gate.print("epoch {epoch}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
                        "val_accuracy {acc:.4f} {samples_per_sec:.0f} samples/s".format(
                            acc=record.get("val_accuracy", float("nan")), **record))
 
         result = RunResult(output, history, last_checkpoint, ctx.size)
+        if task.export is not None and ctx.is_main:
+            task.export(output)
+        self.callbacks.on_train_end(result)
         final = result.final
         gate.print(f"hvdtrain: done {cfg.recipe}/{cfg.framework} np={ctx.size} epochs={cfg.train.epochs} "
                    + " ".join(f"{k}={final[k]:.4f}" for k in final if k.startswith("val_"))
@@ -214,8 +223,11 @@ class Trainer:
             stats.global_step += int(apply)
             stats.loss_sum += loss * len(targets)
             stats.samples += len(targets)
+            rate = stats.samples * ctx.size / (time.perf_counter() - started)
+            self.callbacks.on_step_end(epoch, i, {"loss": loss, "lr": stats.lr, "global_step": stats.global_step,
+                                                  "samples": stats.samples, "samples_per_sec": rate,
+                                                  "steps": len(batch_list)})
             if cfg.train.log_every and (i + 1) % cfg.train.log_every == 0:
-                rate = stats.samples * ctx.size / (time.perf_counter() - started)
                 gate.print(f"epoch {epoch + 1}/{cfg.train.epochs} step {i + 1}/{len(batch_list)} "
                            f"loss {loss:.4f} lr {stats.lr:.4g} {rate:.0f} samples/s")
         return stats
@@ -234,7 +246,7 @@ class Trainer:
         return {"loss": totals["loss_sum"] / max(1.0, totals["count"]), **task.finalize_metrics(totals)}
 
 
-def train(config: RunConfig) -> RunResult:
+def train(config: RunConfig, callbacks: list[Callback] | tuple[Callback, ...] = ()) -> RunResult:
     """Run ``config`` in this process (under horovodrun/mpirun, every worker calls this)."""
     get_recipe(config.recipe)
-    return Trainer(config).fit()
+    return Trainer(config, callbacks=callbacks).fit()

@@ -50,7 +50,8 @@ class TrainTask:
     ``model``, ``optimizer`` and ``loss_fn`` are framework-native (``loss_fn(outputs, targets)``
     returns a scalar mean loss). ``metric_sums(outputs, targets)`` returns framework-native
     per-batch sums (for example ``{"correct": ...}``); ``finalize_metrics`` turns the summed values
-    (plus ``count``) into the reported metrics.
+    (plus ``count``) into the reported metrics. ``export(output_dir)``, if given, runs on rank 0
+    after the last epoch (for example to write a model usable outside hvdtrain).
     """
 
     model: Any
@@ -60,4 +61,5 @@ class TrainTask:
     val_data: Dataset
     metric_sums: Callable[[Any, Any], dict[str, Any]]
     finalize_metrics: Callable[[dict[str, float]], dict[str, float]] = accuracy_from_sums
+    export: Callable[[Any], None] | None = None
     info: dict[str, Any] = field(default_factory=dict)

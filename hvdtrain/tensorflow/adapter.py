@@ -43,7 +43,8 @@ class TensorFlowAdapter(FrameworkAdapter):
 
     name = "tensorflow"
 
-    def init(self, train_config: Any) -> DistContext:
+    def init(self, config: Any) -> DistContext:
+        train_config = config.train
         prepare_horovod_environment()
         hvd.init()
         threads = train_config.threads or max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
@@ -64,7 +65,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         self._collective_id = 0
         return self.ctx
 
-    def prepare(self, task: Any, train_config: Any, optim_config: Any) -> None:
+    def prepare(self, task: Any, config: Any) -> None:
+        train_config, optim_config = config.train, config.optim
         self.task = task
         self.model = task.model
         self.optimizer = task.optimizer

@@ -31,7 +31,8 @@ class TorchAdapter(FrameworkAdapter):
 
     name = "torch"
 
-    def init(self, train_config: Any) -> DistContext:
+    def init(self, config: Any) -> DistContext:
+        train_config = config.train
         prepare_horovod_environment()
         hvd.init()
         torch.set_num_threads(train_config.threads or default_threads(hvd.local_size()))
@@ -46,7 +47,8 @@ class TorchAdapter(FrameworkAdapter):
         self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
         return self.ctx
 
-    def prepare(self, task: Any, train_config: Any, optim_config: Any) -> None:
+    def prepare(self, task: Any, config: Any) -> None:
+        train_config, optim_config = config.train, config.optim
         self.task = task
         self.model = task.model.to(self.device)
         self.accumulation = train_config.grad_accumulation

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from parity_common import (CLASSES, FEATURES, LR, global_batch, micro_batches, parse_args, spread,
                            train_on_rank_specific_data, write_report)
 
-from hvdtrain import ArrayDataset, OptimConfig, TrainConfig, TrainTask
+from hvdtrain import ArrayDataset, TrainTask, load_config
 from hvdtrain.torch import TorchAdapter
 
 out_path, accumulation, fp16 = parse_args()
@@ -27,13 +27,14 @@ def flat(model):
 
 
 adapter = TorchAdapter()
-ctx = adapter.init(TrainConfig(seed=0, threads=1))
+ctx = adapter.init(load_config(overrides=["train.seed=0", "train.threads=1"]))
 torch.manual_seed(100 + ctx.rank)  # a different init on every rank: the broadcast must fix it
 model = make_model()
 dummy = ArrayDataset(np.zeros((2, FEATURES), np.float32), np.zeros(2, np.int64))
 task = TrainTask(model, torch.optim.SGD(model.parameters(), lr=LR), F.cross_entropy, dummy, dummy,
                  metric_sums=lambda out, y: {"correct": (out.argmax(1) == y).sum()})
-adapter.prepare(task, TrainConfig(grad_accumulation=accumulation, fp16_allreduce=fp16), OptimConfig(momentum=0.0))
+adapter.prepare(task, load_config(overrides=[f"train.grad_accumulation={accumulation}", f"train.fp16_allreduce={fp16}",
+                                             "optim.momentum=0.0"]))
 
 before = spread(hvd.allgather_object(flat(model)))
 adapter.broadcast_state()

@@ -1,35 +1,12 @@
-"""The ``hvdtrain`` command line: ``recipe``, ``recipes`` and ``env``.
-
-Every worker started by ``horovodrun``/``mpirun`` runs the same command; the training itself is
-in :func:`hvdtrain.core.loop.train`.
-"""
+"""`hvdtrain recipe NAME`: train a recipe (every worker under horovodrun/mpirun runs this)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import click
 
-from hvdtrain.core.config import FRAMEWORKS, ConfigError, load_config
-from hvdtrain.core.registry import RecipeError, get_recipe, list_recipes
-
-USER_ERRORS = (ConfigError, RecipeError, ValueError, LookupError, ImportError, RuntimeError, OSError)
-
-
-def _fail(exc: BaseException) -> None:
-    click.echo(f"hvdtrain: error: {exc}", err=True)
-    sys.exit(2 if isinstance(exc, (ConfigError, RecipeError)) else 1)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="hvdtrain")
-def main() -> None:
-    """Horovod-based distributed training for PyTorch and TensorFlow/Keras 3.
-
-    Run alone, or start N workers with: horovodrun -np N hvdtrain recipe NAME ...
-    """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's INFO/WARNING start-up chatter
+from hvdtrain.cli.common import USER_ERRORS, fail, main
+from hvdtrain.core.config import FRAMEWORKS, load_config
+from hvdtrain.core.registry import get_recipe, list_recipes
 
 
 @main.command("recipe")
@@ -60,7 +37,7 @@ def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, o
                              train__fp16_allreduce=fp16_allreduce or None)
         train(config)
     except USER_ERRORS as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @main.command("recipes")
@@ -68,15 +45,3 @@ def recipes_command() -> None:
     """List the recipes and their frameworks."""
     for name, spec in list_recipes().items():
         click.echo(f"{name:24s} {','.join(sorted(spec.builders)):20s} {spec.description}")
-
-
-@main.command("env")
-def env_command() -> None:
-    """Print versions and Horovod's build: the block a bug report needs."""
-    from hvdtrain.core.environment import describe_environment
-
-    click.echo(describe_environment())
-
-
-if __name__ == "__main__":
-    main()

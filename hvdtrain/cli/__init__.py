@@ -1,0 +1,10 @@
+"""The ``hvdtrain`` command line. Each subcommand lives in its own module and registers itself on
+:data:`hvdtrain.cli.common.main`; importing it here is all that adds a command."""
+
+from hvdtrain.cli import env, recipe  # noqa: F401  (register the subcommands)
+from hvdtrain.cli.common import main
+
+__all__ = ["main"]
+
+if __name__ == "__main__":
+    main()
