@@ -21,11 +21,12 @@ from hvdtrain.core.loop import RunResult, Trainer, TrainingError, train
 from hvdtrain.core.registry import (RecipeError, define_recipe, get_recipe, list_recipes, register_recipe,
                                     unregister_recipe)
 from hvdtrain.core.task import ArrayDataset, TrainTask, accuracy_from_sums
+from hvdtrain.api import WorkerError, run  # noqa: E402  (after the core it builds on)
 
 __all__ = [
     "ArrayDataset", "Callback", "CheckpointConfig", "CheckpointError", "CheckpointManager", "ConfigError", "DataConfig",
     "DistContext", "FrameworkAdapter", "FrameworkMissingError", "ModelConfig", "OptimConfig", "RecipeError",
-    "RunConfig", "RunResult", "TrainConfig", "TrainTask", "Trainer", "TrainingError", "accuracy_from_sums",
-    "define_recipe", "get_recipe", "list_recipes", "load_adapter", "load_config", "register_recipe", "train",
+    "RunConfig", "RunResult", "WorkerError", "TrainConfig", "TrainTask", "Trainer", "TrainingError", "accuracy_from_sums",
+    "define_recipe", "get_recipe", "list_recipes", "load_adapter", "load_config", "register_recipe", "run", "train",
     "unregister_recipe",
 ]

@@ -111,7 +111,11 @@ fi
 "${pip[@]}" install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
 
 say "installing hvdtrain (editable) with its test extras"
-"${pip[@]}" install -q --no-build-isolation -e "$repo[all,test]"
+extras="all,test"
+if [[ -n "${HVDTRAIN_TORCH_SPEC:-}${HVDTRAIN_TF_SPEC:-}" ]]; then
+  extras="data,report,test"  # the frameworks came from the overriding specs above (the [all] pins are CPU builds)
+fi
+"${pip[@]}" install -q --no-build-isolation -e "$repo[$extras]"
 
 say "checking the Horovod build"
 "$venv/bin/horovodrun" --check-build

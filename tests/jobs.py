@@ -24,10 +24,12 @@ def job_env() -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], timeout: float = 600, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run a command; on an unexpected exit code fail with its output."""
+def run(cmd: list[str], timeout: float = 600, check: bool = True, cwd: Path | None = None,
+        env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.CompletedProcess:
+    """Run a command (extra ``env`` variables on top of :func:`job_env`); on an unexpected exit
+    code fail with its output."""
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
-                          env=job_env(), cwd=cwd or REPO)
+                          env={**job_env(), **(env or {})}, cwd=cwd or REPO, **popen_kwargs)
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}"
                     f"\n--- stderr\n{proc.stderr[-6000:]}")

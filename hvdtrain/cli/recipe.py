@@ -1,4 +1,8 @@
-"""`hvdtrain recipe NAME`: train a recipe (every worker under horovodrun/mpirun runs this)."""
+"""`hvdtrain recipe NAME`: train a recipe (every worker under horovodrun/mpirun runs this).
+
+NAME is a registered recipe (built-in or from an installed package's ``hvdtrain.recipes`` entry
+point) or a user's recipe file, ``path/to/my_recipe.py`` (``path.py:name`` if it defines several).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import click
 
 from hvdtrain.cli.common import USER_ERRORS, fail, main
 from hvdtrain.core.config import FRAMEWORKS, load_config
+from hvdtrain.core.plugins import resolve_recipe_name
 from hvdtrain.core.registry import get_recipe, list_recipes
 
 
@@ -22,19 +27,30 @@ from hvdtrain.core.registry import get_recipe, list_recipes
 @click.option("--output", default=None, help="Output directory (default: runs/latest).")
 @click.option("--resume", is_flag=True, default=None, help="Continue from the latest checkpoint in --output.")
 @click.option("--fp16-allreduce", is_flag=True, default=None, help="Compress gradients to float16 for the allreduce.")
+@click.option("--timeline", "--timeline-file", "timeline", type=click.Path(dir_okay=False), default=None,
+              help="Write Horovod's timeline (Chrome trace JSON) to FILE on rank 0 (comm.timeline). After "
+              "horovodrun spell it --timeline-file (horovodrun rejects --timeline as ambiguous).")
+@click.option("--model", default=None, help="Model (model.name): an architecture, or for text recipes a "
+              "Hugging Face model directory or hub name.")
+@click.option("--text-column", default=None, help="Text recipes: column/key holding the text (text.text_column).")
+@click.option("--label-column", default=None, help="Text recipes: column/key holding the label (text.label_column).")
+@click.option("--max-length", type=int, default=None, help="Text recipes: truncate to N tokens (text.max_length).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key, e.g. --set optim.warmup_epochs=1 (repeatable).")
 def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, output, resume, fp16_allreduce,
-                   overrides) -> None:
-    """Train recipe NAME (see `hvdtrain recipes`)."""
+                   timeline, model, text_column, label_column, max_length, overrides) -> None:
+    """Train recipe NAME (see `hvdtrain recipes`), or the recipe in the Python file NAME (my_recipe.py)."""
     from hvdtrain.core.loop import train
 
     try:
+        name = resolve_recipe_name(name)
         spec = get_recipe(name)
         config = load_config(spec.defaults, config_file, overrides, recipe=name, framework=framework,
                              output=output, data__path=data, train__epochs=epochs,
                              train__batch_size=batch_size, optim__lr=lr, checkpoint__resume=resume or None,
-                             train__fp16_allreduce=fp16_allreduce or None)
+                             train__fp16_allreduce=fp16_allreduce or None, model__name=model,
+                             text__text_column=text_column, text__label_column=label_column,
+                             text__max_length=max_length, comm__timeline=timeline)
         train(config)
     except USER_ERRORS as exc:
         fail(exc)

@@ -21,6 +21,10 @@ class FrameworkMissingError(ImportError):
     """The requested framework (or Horovod's build for it) is not installed."""
 
 
+class NonFiniteGradientError(FloatingPointError):
+    """The allreduced gradient holds NaN or infinity (identical on every rank, so all ranks stop)."""
+
+
 @dataclass(frozen=True)
 class DistContext:
     """Where this process sits in the job."""
@@ -43,6 +47,7 @@ class FrameworkAdapter(ABC):
     """
 
     name: str = ""
+    skipped_updates: int = 0
 
     @abstractmethod
     def init(self, config: Any) -> DistContext:
@@ -65,7 +70,9 @@ class FrameworkAdapter(ABC):
     @abstractmethod
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True) -> float:
         """Forward and backward on one local micro-batch; when ``apply_update``, allreduce the
-        accumulated gradients and update. Returns this rank's loss."""
+        accumulated gradients and update. Returns this rank's loss. A non-finite allreduced
+        gradient raises :class:`NonFiniteGradientError` (``train.nonfinite=error``) or skips the
+        update and counts it in ``skipped_updates`` (``skip``)."""
 
     @abstractmethod
     def eval_step(self, inputs: Any, targets: Any) -> dict[str, float]:
@@ -78,6 +85,22 @@ class FrameworkAdapter(ABC):
     @abstractmethod
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
         """A picklable object from ``root_rank``, on every rank."""
+
+    @abstractmethod
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, as a list indexed by rank, on every rank."""
+
+    @abstractmethod
+    def rng_state(self) -> dict[str, Any]:
+        """This rank's framework random-number state as JSON-able data."""
+
+    @abstractmethod
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`rng_state` returned."""
+
+    @abstractmethod
+    def state_is_finite(self) -> bool:
+        """True if every model parameter is finite (checked before a checkpoint is written)."""
 
     @abstractmethod
     def save_state(self, directory: Path) -> None:

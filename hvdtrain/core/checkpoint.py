@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hvdtrain.core import faults
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
@@ -81,11 +83,14 @@ def atomic_write_text(path: Path, text: str) -> None:
 class CheckpointManager:
     """Writes (on rank 0) and finds checkpoints under ``directory``."""
 
-    def __init__(self, directory: str | Path, keep_last: int = 3):
+    def __init__(self, directory: str | Path, keep_last: int = 3, best_metric: str | None = None,
+                 best_mode: str = "max"):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.directory = Path(directory)
         self.keep_last = keep_last
+        self.best_metric = best_metric
+        self.best_mode = best_mode
 
     def checkpoints(self) -> list[CheckpointInfo]:
         """Valid checkpoints, oldest first (invalid or partial folders are skipped)."""
@@ -99,11 +104,28 @@ class CheckpointManager:
                     found.append(info)
         return sorted(found, key=lambda c: (c.step, c.epoch))
 
-    def latest(self) -> CheckpointInfo | None:
-        """The newest checkpoint whose files match their checksums, or None."""
+    def latest(self, problems: list[str] | None = None) -> CheckpointInfo | None:
+        """The newest checkpoint whose files match their checksums, or None. Each newer checkpoint
+        that fails verification is described in ``problems`` (when given) and skipped."""
         for info in reversed(self.checkpoints()):
-            if self.read(info.path, verify=True) is not None:
+            problem = self.verify(info.path, info.manifest)
+            if problem is None:
                 return info
+            if problems is not None:
+                problems.append(problem)
+        return None
+
+    @staticmethod
+    def verify(path: Path, manifest: dict[str, Any]) -> str | None:
+        """None if every payload file matches its SHA-256, else a message naming the bad file."""
+        if manifest.get("format_version") != FORMAT_VERSION:
+            return (f"checkpoint {path}: format version {manifest.get('format_version')!r} is not "
+                    f"{FORMAT_VERSION}; skipped")
+        for name, digest in manifest["files"].items():
+            if not (path / name).is_file():
+                return f"checkpoint {path}: file {name} is missing; skipped"
+            if sha256_file(path / name) != digest:
+                return f"checkpoint {path}: file {name} does not match its SHA-256 (corrupted or truncated); skipped"
         return None
 
     @staticmethod
@@ -112,14 +134,11 @@ class CheckpointManager:
         payload checksums match); None otherwise."""
         try:
             manifest = json.loads((path / MANIFEST).read_text())
-            files = manifest["files"]
-            manifest["epoch"], manifest["step"]
+            manifest["files"], manifest["epoch"], manifest["step"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if verify:
-            for name, digest in files.items():
-                if not (path / name).is_file() or sha256_file(path / name) != digest:
-                    return None
+        if verify and CheckpointManager.verify(path, manifest) is not None:
+            return None
         return CheckpointInfo(path, manifest)
 
     def save(self, name: str, write_payload: Callable[[Path], None], manifest: dict[str, Any]) -> CheckpointInfo:
@@ -143,6 +162,7 @@ class CheckpointManager:
             manifest = {**manifest, "format_version": FORMAT_VERSION, "files": files}
             atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
             _fsync_path(tmp)
+            faults.crash_before_publish(int(manifest["step"]))
             os.rename(tmp, final)
             _fsync_path(self.directory)
         except BaseException:
@@ -151,9 +171,28 @@ class CheckpointManager:
         self.prune()
         return CheckpointInfo(final, manifest)
 
+    def remove_temporaries(self) -> None:
+        """Delete half-written ``.tmp-*`` folders a crashed writer left (rank 0, before training)."""
+        if self.directory.is_dir():
+            for child in self.directory.glob(".tmp-*"):
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+
+    def best(self) -> CheckpointInfo | None:
+        """The checkpoint with the best ``best_metric`` in its manifest's metrics, if any."""
+        scored = [c for c in self.checkpoints()
+                  if self.best_metric and isinstance(c.manifest.get("metrics"), dict)
+                  and self.best_metric in c.manifest["metrics"]]
+        if not scored:
+            return None
+        pick = max if self.best_mode == "max" else min
+        return pick(scored, key=lambda c: c.manifest["metrics"][self.best_metric])
+
     def prune(self) -> None:
-        """Delete all but the newest ``keep_last`` checkpoints."""
+        """Delete all but the newest ``keep_last`` checkpoints and the best one."""
+        best = self.best()
         for info in self.checkpoints()[:-self.keep_last]:
+            if best is not None and info.path == best.path:
+                continue
             trash = info.path.with_name(f".trash-{info.path.name}-{os.getpid()}")
             os.rename(info.path, trash)
             shutil.rmtree(trash, ignore_errors=True)

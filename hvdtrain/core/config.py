@@ -47,6 +47,8 @@ class DataConfig:
     augment: bool | None = _f(None, "random crop and flip for natural images; None lets the recipe decide")
     image_size: int | None = _f(None, "resize images to this square size; None keeps the native size", min=8)
     prefetch_batches: int = _f(2, "batches prepared ahead of time by a background thread", min=0)
+    bad_files: str = _f("error", "unreadable data files: 'error' stops naming the file, 'skip' leaves them out "
+                        "and reports how many", choices=("error", "skip"))
 
 
 @dataclass
@@ -54,7 +56,7 @@ class ModelConfig:
     """Which model the recipe builds."""
 
     name: str = _f("small_cnn", "model architecture (recipe-specific; image-classification: "
-                   "small_cnn, resnet18, resnet50)")
+                   "small_cnn, resnet18, resnet50; bert-finetune: a Hugging Face model directory or hub name)")
     num_classes: int | None = _f(None, "number of classes; None infers it from the data", min=2)
 
 
@@ -90,6 +92,17 @@ class TrainConfig:
     threads: int | None = _f(None, "intra-op threads per worker; None shares the cores among local workers",
                              min=1)
     log_every: int = _f(50, "print a progress line every N steps on rank 0 (0: never)", min=0)
+    tensorboard: bool = _f(True, "rank 0 writes TensorBoard event files (loss, accuracy, LR, samples/s per step "
+                           "and per epoch) into the output directory, next to metrics.jsonl")
+    progress_bar: bool = _f(True, "rank 0 shows a progress bar with throughput and ETA when stdout is a terminal "
+                            "(never in logs or pipes)")
+    nonfinite: str = _f("error", "on a NaN or infinite gradient: 'error' stops naming the step, 'skip' drops "
+                        "that update (all ranks agree: the check runs on the allreduced gradient)",
+                        choices=("error", "skip"))
+    stall_timeout_sec: float | None = _f(None, "end the job with an error naming the missing ranks when a "
+                                         "collective waits longer than this (Horovod's stall inspector)",
+                                         min=1.0)
+    deterministic: bool = _f(False, "ask the framework for deterministic kernels (bitwise reproducible runs)")
 
 
 @dataclass
@@ -99,6 +112,53 @@ class CheckpointConfig:
     keep_last: int = _f(3, "checkpoints kept; older ones are deleted after a new one is safely written", min=1)
     resume: bool = _f(False, "continue from the latest checkpoint in the output directory")
     enabled: bool = _f(True, "write a checkpoint at the end of every epoch")
+    every_steps: int = _f(0, "also checkpoint every N optimizer steps inside an epoch (0: only at epoch ends); "
+                          "a resume continues at the next unseen batch", min=0)
+    best_metric: str | None = _f("val_accuracy", "validation metric whose best checkpoint is kept beyond keep_last "
+                                 "(None: keep only the last ones)")
+    best_mode: str = _f("max", "whether a larger or smaller best_metric is better", choices=("max", "min"))
+
+
+@dataclass
+class TextConfig:
+    """Text files and tokenisation (text recipes such as bert-finetune)."""
+
+    text_column: str = _f("text", "CSV/TSV header or JSONL key holding the text")
+    label_column: str = _f("label", "CSV/TSV header or JSONL key holding the label")
+    max_length: int = _f(128, "truncate to this many tokens, special tokens included (batches are padded "
+                         "only to their longest sequence)", min=4, max=8192)
+    pad_to_multiple: int = _f(8, "round each batch's padded length up to a multiple of this (bounds "
+                              "TensorFlow retracing)", min=1, max=512)
+    val_path: str | None = _f(None, "validation file; None holds out text.val_fraction of data.path")
+    val_fraction: float = _f(0.1, "seeded fraction of data.path held out for validation when text.val_path "
+                             "is not given", min=0.0, max=0.9, min_exclusive=True)
+
+
+@dataclass
+class CommConfig:
+    """How gradients travel between workers: Horovod's communication options, for both frameworks.
+
+    Fusion, cycle time, autotune and timeline are read by Horovod at ``hvd.init()``; None/false
+    leaves Horovod's default (or what ``horovodrun`` set) in place. Float16 compression is
+    ``train.fp16_allreduce`` and gradient accumulation ``train.grad_accumulation``.
+    """
+
+    reduction: str = _f("average", "how gradients are combined across workers: 'average' (allreduce mean) or "
+                        "'adasum' (Horovod's Adasum; needs the MPI controller: horovodrun --mpi or mpirun; usually "
+                        "with optim.lr_scaling=none)", choices=("average", "adasum"))
+    fusion_threshold_mb: float | None = _f(None, "tensor-fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD): small "
+                                           "gradients are packed into one allreduce up to this size; 0 turns "
+                                           "fusion off; None keeps Horovod's 128", min=0.0, max=4096.0)
+    cycle_time_ms: float | None = _f(None, "how often Horovod's background thread batches ready gradients, in ms "
+                                     "(HOROVOD_CYCLE_TIME); None keeps Horovod's 1 ms", min=0.0, max=1000.0,
+                                     min_exclusive=True)
+    autotune: bool = _f(False, "let Horovod tune fusion threshold and cycle time while training (HOROVOD_AUTOTUNE)")
+    autotune_log: str | None = _f(None, "CSV file where rank 0 records the values autotune tried "
+                                  "(HOROVOD_AUTOTUNE_LOG)")
+    timeline: str | None = _f(None, "write Horovod's timeline (Chrome trace JSON; open in chrome://tracing or "
+                              "Perfetto) of every collective to this file on rank 0 (HOROVOD_TIMELINE)")
+    timeline_mark_cycles: bool = _f(False, "also mark each background-thread cycle in the timeline "
+                                    "(HOROVOD_TIMELINE_MARK_CYCLES)")
 
 
 @dataclass
@@ -113,6 +173,8 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
 
 
 def _is_dataclass_type(tp: Any) -> bool:

@@ -4,31 +4,43 @@
 :class:`~hvdtrain.core.adapter.FrameworkAdapter`. Every rank runs the same number of steps per
 epoch by construction (equal shards, same batch count). Rank 0 decides whether and where to
 resume and broadcasts the decision, so all ranks agree or all stop with the same error.
+
+A checkpoint records the position inside the epoch (how much of the epoch's shuffled order has
+been consumed) and every rank's random-number state, so a resumed run continues at the next
+unseen batch and, with the same world size, ends bitwise equal to an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
-import os
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import hvdtrain
-from hvdtrain.core import sharding
-from hvdtrain.core.adapter import DistContext, FrameworkAdapter, load_adapter
+from hvdtrain.core import faults, sharding
+from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
-from hvdtrain.core.checkpoint import CheckpointManager, atomic_write_text
+from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager, atomic_write_text
 from hvdtrain.core.config import RunConfig, dump_yaml, to_dict
 from hvdtrain.core.prefetch import prefetch
 from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.registry import get_builder, get_recipe
 from hvdtrain.core.schedule import build_schedule
+from hvdtrain.core.visibility import default_callbacks
+from hvdtrain.core.watchdog import configure_stall_timeout, explain_stall
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
+RANK_STATE_FILE = "rank_state.json"
+# Config sections that decide the shape of the saved state: resuming across a change is refused.
+STATE_DEFINING_KEYS = ("model", "optim.name")
 
 
 class TrainingError(RuntimeError):
@@ -50,38 +62,80 @@ class RunResult:
         return self.history[-1] if self.history else {}
 
 
+@dataclass
+class Position:
+    """Where training stands: completed epochs, positions of the current epoch's order already
+    consumed, optimizer steps taken."""
+
+    epoch: int = 0
+    consumed: int = 0
+    step: int = 0
+
+
+@dataclass
+class EpochStats:
+    """This rank's running totals for one training epoch."""
+
+    global_step: int
+    lr: float = 0.0
+    loss_sum: float = 0.0
+    samples: int = 0
+
+
 def _check_output_dir(output: Path) -> None:
-    output.mkdir(parents=True, exist_ok=True)
-    probe = output / f".hvdtrain-write-test-{os.getpid()}"
+    if output.exists() and not output.is_dir():
+        raise TrainingError(f"output {output} exists and is not a directory")
     try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / ".hvdtrain-write-test"
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
         raise TrainingError(f"output directory {output} is not writable: {exc}") from None
 
 
+def _get(config: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        config = config.get(part, {}) if isinstance(config, dict) else {}
+    return config
+
+
+def _incompatibility(info: CheckpointInfo, config: RunConfig) -> str | None:
+    for key in ("recipe", "framework"):
+        if info.manifest.get(key) != getattr(config, key):
+            return (f"cannot resume: checkpoint {info.path} is from {key} {info.manifest.get(key)!r}, this run "
+                    f"uses {getattr(config, key)!r} (nothing was changed)")
+    saved, now = info.manifest.get("config", {}), to_dict(config)
+    for key in STATE_DEFINING_KEYS:
+        if _get(saved, key) != _get(now, key):
+            return (f"cannot resume: checkpoint {info.path} was saved with {key}={_get(saved, key)!r}, this run "
+                    f"has {key}={_get(now, key)!r}; use the same {key} or another --output (nothing was changed)")
+    return None
+
+
 def _plan_start(config: RunConfig, manager: CheckpointManager, output: Path) -> dict[str, Any]:
     """Rank 0's decision: where to start, or the error every rank should raise."""
     try:
         _check_output_dir(output)
+        manager.remove_temporaries()
         existing = manager.checkpoints()
         if not config.checkpoint.resume:
             if existing:
                 return {"error": f"output directory {output} already holds checkpoints "
                                  f"({existing[-1].path.name}); pass --resume to continue that run or choose "
                                  f"another --output (nothing was changed)"}
-            return {"checkpoint": None, "epoch": 0}
-        latest = manager.latest()
+            return {"checkpoint": None}
+        notes: list[str] = []
+        latest = manager.latest(problems=notes)
         if latest is None:
-            return {"checkpoint": None, "epoch": 0,
-                    "note": f"--resume: no checkpoint in {manager.directory}; starting from scratch"}
-        for key in ("recipe", "framework"):
-            if latest.manifest.get(key) != getattr(config, key):
-                return {"error": f"cannot resume: checkpoint {latest.path} is from {key} "
-                                 f"{latest.manifest.get(key)!r}, this run uses {getattr(config, key)!r} "
-                                 f"(nothing was changed)"}
-        return {"checkpoint": str(latest.path), "epoch": latest.epoch,
-                "saved_world_size": latest.manifest.get("world_size")}
+            notes.append(f"--resume: no usable checkpoint in {manager.directory}; starting from scratch")
+            return {"checkpoint": None, "notes": notes}
+        if notes:
+            notes.append(f"falling back to checkpoint {latest.path}")
+        problem = _incompatibility(latest, config)
+        if problem:
+            return {"error": problem}
+        return {"checkpoint": str(latest.path), "manifest": latest.manifest, "notes": notes}
     except Exception as exc:  # every rank must hear about it, or the others hang in the broadcast
         return {"error": str(exc)}
 
@@ -94,14 +148,28 @@ def _previous_history(output: Path, upto_epoch: int) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("epoch", 0) <= upto_epoch]
 
 
-@dataclass
-class EpochStats:
-    """This rank's totals for one training epoch."""
+def _python_numpy_rng() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(internal), gauss],
+            "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
 
-    global_step: int
-    lr: float = 0.0
-    loss_sum: float = 0.0
-    samples: int = 0
+
+def _set_python_numpy_rng(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def _framework_version(framework: str) -> str:
+    names = {"torch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow", "tensorflow_cpu")}[framework]
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 class Trainer:
@@ -111,81 +179,90 @@ class Trainer:
                  callbacks: list[Callback] | tuple[Callback, ...] = ()):
         self.config = config
         self.adapter = adapter or load_adapter(config.framework)
-        self.callbacks = CallbackList(callbacks)
+        self.callbacks = CallbackList([*default_callbacks(config), *callbacks])  # TensorBoard, progress bar
 
     def fit(self) -> RunResult:
         """Train for ``config.train.epochs`` epochs (from the resume point) and return the history."""
+        try:
+            return self._fit()
+        except (TrainingError, NonFiniteGradientError, faults.InjectedFault):
+            raise
+        except Exception as exc:
+            message = explain_stall(exc, self.config.train.stall_timeout_sec)
+            if message:
+                raise TrainingError(message) from exc
+            raise
+
+    def _fit(self) -> RunResult:
         cfg, adapter = self.config, self.adapter
         builder = get_builder(cfg.recipe, cfg.framework)
-        ctx = adapter.init(cfg)
-        gate = RankZeroGate(ctx.rank)
-        output = Path(cfg.output)
-        manager = CheckpointManager(output / "checkpoints", cfg.checkpoint.keep_last)
+        configure_stall_timeout(cfg.train.stall_timeout_sec)
+        ctx = self.ctx = adapter.init(cfg)
+        gate = self.gate = RankZeroGate(ctx.rank)
+        output = self.output = Path(cfg.output)
+        self.manager = CheckpointManager(output / "checkpoints", cfg.checkpoint.keep_last,
+                                         cfg.checkpoint.best_metric, cfg.checkpoint.best_mode)
 
-        plan = adapter.broadcast_object(_plan_start(cfg, manager, output) if ctx.is_main else None)
+        plan = adapter.broadcast_object(_plan_start(cfg, self.manager, output) if ctx.is_main else None)
         if plan.get("error"):
             raise TrainingError(plan["error"])
-        if plan.get("note"):
-            gate.warn(plan["note"])
+        for note in plan.get("notes", []):
+            gate.warn(note)
 
         task = builder(cfg, ctx)
         n_train = len(task.train_data)
         if n_train < ctx.size:
             raise TrainingError(f"{n_train} training samples cannot be shared by {ctx.size} workers")
+        if len(task.val_data) == 0:
+            raise TrainingError("the validation set is empty")
         adapter.prepare(task, cfg)
-
-        start_epoch = int(plan["epoch"])
-        history: list[dict[str, Any]] = []
-        if plan.get("checkpoint"):
-            if ctx.is_main:
-                adapter.load_state(Path(plan["checkpoint"]))
-                history = _previous_history(output, start_epoch)
-                atomic_write_text(output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
-            saved = plan.get("saved_world_size")
-            gate.print(f"hvdtrain: resuming from {plan['checkpoint']} at epoch {start_epoch + 1}"
-                       + (f" (saved with {saved} workers, now {ctx.size}: data resharded, LR rescaled)"
-                          if saved and saved != ctx.size else ""))
-        adapter.broadcast_state(root_rank=0)
-        if ctx.is_main:
-            atomic_write_text(output / CONFIG_FILE, dump_yaml(cfg))
 
         per_rank = sharding.shard_size(n_train, ctx.size, cfg.data.remainder)
         micro_steps = math.ceil(per_rank / cfg.train.batch_size)
         opt_steps_per_epoch = math.ceil(micro_steps / cfg.train.grad_accumulation)
         schedule = build_schedule(cfg.optim, ctx.size, opt_steps_per_epoch, cfg.train.epochs)
-        global_step = start_epoch * opt_steps_per_epoch
+
+        position, history, carried = self._restore(plan, opt_steps_per_epoch)
+        adapter.broadcast_state(root_rank=0)
+        if ctx.is_main:
+            atomic_write_text(output / CONFIG_FILE, dump_yaml(cfg))
         gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {n_train} train / "
                    f"{len(task.val_data)} val samples, {micro_steps} steps/epoch of {cfg.train.batch_size} "
                    f"per worker, peak LR {schedule.peak_lr:g}")
 
         last_checkpoint = Path(plan["checkpoint"]) if plan.get("checkpoint") else None
-        self.callbacks.on_train_begin(ctx, {"config": cfg, "output": output, "start_epoch": start_epoch,
+        self.callbacks.on_train_begin(ctx, {"config": cfg, "output": output, "start_epoch": position.epoch,
                                             "steps_per_epoch": micro_steps, "world_size": ctx.size})
-        for epoch in range(start_epoch, cfg.train.epochs):
+        global_step = position.step
+        for epoch in range(position.epoch, cfg.train.epochs):
             started = time.perf_counter()
-            stats = self._train_epoch(task, ctx, gate, epoch, schedule, global_step)
+            resumed_here = epoch == position.epoch and position.consumed > 0
+            stats = EpochStats(global_step=global_step)
+            if resumed_here and carried:
+                stats.loss_sum, stats.samples = carried["loss_sum"], carried["samples"]
+            self._train_epoch(task, epoch, schedule, stats, position.consumed if resumed_here else 0)
             global_step = stats.global_step
             totals = adapter.allreduce_sums({"loss_sum": stats.loss_sum, "samples": float(stats.samples),
-                                             "time": time.perf_counter() - started})
+                                             "time": time.perf_counter() - started,
+                                             "skipped": float(adapter.skipped_updates)})
             val = self._evaluate(task, ctx)
             record = {
                 "epoch": epoch + 1,
-                "train_loss": totals["loss_sum"] / totals["samples"],
+                "train_loss": totals["loss_sum"] / max(1.0, totals["samples"]),
                 **{f"val_{k}": v for k, v in val.items()},
-                "samples_per_sec": totals["samples"] / (totals["time"] / ctx.size),
+                "samples_per_sec": totals["samples"] / max(1e-9, totals["time"] / ctx.size),
                 "epoch_time_sec": time.perf_counter() - started,
                 "lr": stats.lr,
                 "world_size": ctx.size,
-                "step": global_step,
+                "step": stats.global_step,
             }
+            if totals["skipped"]:
+                record["skipped_updates"] = int(totals["skipped"] / ctx.size)
             history.append(record)
-            if cfg.checkpoint.enabled and ctx.is_main:
-                info = manager.save(f"epoch-{epoch + 1:04d}", adapter.save_state, {
-                    "epoch": epoch + 1, "step": global_step, "recipe": cfg.recipe,
-                    "framework": cfg.framework, "world_size": ctx.size, "config": to_dict(cfg),
-                    "metrics": record, "hvdtrain_version": hvdtrain.__version__,
-                })
-                last_checkpoint = info.path
+            if cfg.checkpoint.enabled:
+                saved = self._save_checkpoint(f"epoch-{epoch + 1:04d}", Position(epoch + 1, 0, stats.global_step),
+                                              EpochStats(stats.global_step), record)
+                last_checkpoint = saved or last_checkpoint
             gate.append_jsonl(output / METRICS_FILE, record)
             self.callbacks.on_epoch_end(epoch, record)
             gate.print("epoch {epoch}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
@@ -203,34 +280,106 @@ class Trainer:
                    + f" output={output}")
         return result
 
-    def _train_epoch(self, task: Any, ctx: DistContext, gate: RankZeroGate, epoch: int, schedule: Any,
-                     global_step: int) -> "EpochStats":
-        """One pass over this rank's shard: LR per optimizer step, accumulation, progress lines."""
-        cfg, adapter = self.config, self.adapter
-        accum = cfg.train.grad_accumulation
+    def _restore(self, plan: dict[str, Any], opt_steps_per_epoch: int):
+        """Load the planned checkpoint (rank 0), hand every rank its RNG state and partial-epoch
+        totals, and return the position, the metrics history and this rank's carried totals."""
+        cfg, ctx, adapter, gate = self.config, self.ctx, self.adapter, self.gate
+        if not plan.get("checkpoint"):
+            return Position(), [], None
+        manifest, path = plan["manifest"], Path(plan["checkpoint"])
+        position = Position(int(manifest["epoch"]), int(manifest.get("consumed", 0)), int(manifest["step"]))
+        history: list[dict[str, Any]] = []
+        rank_states = None
+        if ctx.is_main:
+            adapter.load_state(path)
+            history = _previous_history(self.output, position.epoch)
+            atomic_write_text(self.output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
+            if (path / RANK_STATE_FILE).is_file():
+                rank_states = json.loads((path / RANK_STATE_FILE).read_text())
+        rank_states = adapter.broadcast_object(rank_states)
+        saved_size = int(manifest.get("world_size", ctx.size))
+        where = (f"epoch {position.epoch + 1}, after {position.consumed} samples"
+                 if position.consumed else f"epoch {position.epoch + 1}")
+        if saved_size == ctx.size and rank_states:
+            mine = rank_states[ctx.rank]
+            _set_python_numpy_rng(mine["rng"])
+            adapter.set_rng_state(mine["rng"]["framework"])
+            gate.print(f"hvdtrain: resuming from {path} at {where}")
+            return position, history, mine
+        position.step = position.epoch * opt_steps_per_epoch + position.consumed // (
+            cfg.train.batch_size * ctx.size * cfg.train.grad_accumulation)
+        gate.print(f"hvdtrain: resuming from {path} at {where} (saved with {saved_size} workers, now "
+                   f"{ctx.size}: the rest of the epoch is resharded, the LR rescaled and random streams reseeded)")
+        return position, history, None
+
+    def _train_epoch(self, task: Any, epoch: int, schedule: Any, stats: EpochStats, start: int) -> None:
+        """One pass over this rank's shard from position ``start``: LR per optimizer step,
+        accumulation, fault injection, mid-epoch checkpoints and progress lines."""
+        cfg, adapter, ctx = self.config, self.adapter, self.ctx
+        accum, every = cfg.train.grad_accumulation, cfg.checkpoint.every_steps
         indices = sharding.train_shard(len(task.train_data), ctx.rank, ctx.size, epoch, cfg.train.seed,
-                                       cfg.data.shuffle, cfg.data.remainder)
+                                       cfg.data.shuffle, cfg.data.remainder, start=start)
         batch_list = sharding.batches(indices, cfg.train.batch_size)
-        stats = EpochStats(global_step=global_step)
-        started = time.perf_counter()
+        started, seen = time.perf_counter(), 0
         loaded = prefetch(batch_list, lambda idx: task.train_data.get_batch(idx, epoch), cfg.data.prefetch_batches)
         for i, (inputs, targets) in enumerate(loaded):
+            faults.before_step(ctx.rank, stats.global_step)
+            if faults.active("nan", ctx.rank, stats.global_step):
+                inputs = np.full_like(inputs, np.nan)
             if i % accum == 0:
                 stats.lr = schedule(stats.global_step)
                 adapter.set_learning_rate(stats.lr)
             apply = (i + 1) % accum == 0 or i == len(batch_list) - 1
-            loss = adapter.train_step(inputs, targets, apply_update=apply)
+            try:
+                loss = adapter.train_step(inputs, targets, apply_update=apply)
+            except NonFiniteGradientError as exc:
+                raise TrainingError(
+                    f"{exc} at epoch {epoch + 1}, batch {i + 1} (optimizer step {stats.global_step + 1}); stopped "
+                    f"without saving it. train.nonfinite=skip drops such updates instead") from None
             stats.global_step += int(apply)
             stats.loss_sum += loss * len(targets)
             stats.samples += len(targets)
-            rate = stats.samples * ctx.size / (time.perf_counter() - started)
+            seen += len(targets)
+            rate = seen * ctx.size / (time.perf_counter() - started)
             self.callbacks.on_step_end(epoch, i, {"loss": loss, "lr": stats.lr, "global_step": stats.global_step,
                                                   "samples": stats.samples, "samples_per_sec": rate,
                                                   "steps": len(batch_list)})
             if cfg.train.log_every and (i + 1) % cfg.train.log_every == 0:
-                gate.print(f"epoch {epoch + 1}/{cfg.train.epochs} step {i + 1}/{len(batch_list)} "
-                           f"loss {loss:.4f} lr {stats.lr:.4g} {rate:.0f} samples/s")
-        return stats
+                self.gate.print(f"epoch {epoch + 1}/{cfg.train.epochs} step {i + 1}/{len(batch_list)} "
+                                f"loss {loss:.4f} lr {stats.lr:.4g} {rate:.0f} samples/s")
+            if apply and every and stats.global_step % every == 0 and i < len(batch_list) - 1:
+                consumed = start + (i + 1) * cfg.train.batch_size * ctx.size
+                self._save_checkpoint(f"step-{stats.global_step:08d}", Position(epoch, consumed, stats.global_step),
+                                      stats, None)
+
+    def _save_checkpoint(self, name: str, position: Position, stats: EpochStats,
+                         record: dict[str, Any] | None) -> Path | None:
+        """Collect every rank's RNG state and partial totals (a collective: all ranks call this at the
+        same step), then rank 0 writes the checkpoint atomically. Returns its path on rank 0."""
+        cfg, ctx, adapter = self.config, self.ctx, self.adapter
+        mine = {"rng": {**_python_numpy_rng(), "framework": adapter.rng_state()},
+                "loss_sum": stats.loss_sum, "samples": stats.samples}
+        rank_states = adapter.allgather_object(mine)
+        if not ctx.is_main:
+            return None
+        if not adapter.state_is_finite():
+            raise TrainingError(f"model parameters are not finite at optimizer step {position.step}; "
+                                f"refusing to write checkpoint {name}")
+
+        def write(directory: Path) -> None:
+            adapter.save_state(directory)
+            (directory / RANK_STATE_FILE).write_text(json.dumps(rank_states))
+
+        manifest = {"kind": "epoch" if record is not None else "step", "epoch": position.epoch,
+                    "consumed": position.consumed, "step": position.step, "recipe": cfg.recipe,
+                    "framework": cfg.framework, "world_size": ctx.size, "batch_size": cfg.train.batch_size,
+                    "config": to_dict(cfg), "metrics": record, "hvdtrain_version": hvdtrain.__version__,
+                    "framework_version": _framework_version(cfg.framework)}
+        try:
+            return self.manager.save(name, write, manifest).path
+        except OSError as exc:
+            raise TrainingError(f"could not write checkpoint {name} in {self.manager.directory}: {exc}; "
+                                f"nothing partial was left and earlier checkpoints are intact") from None
 
     def _evaluate(self, task: Any, ctx: DistContext) -> dict[str, float]:
         """Validation metrics over the whole validation set, each sample counted once."""

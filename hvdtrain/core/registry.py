@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from hvdtrain.core.config import FRAMEWORKS
 
-BUILTIN_RECIPE_MODULES = ("recipes.image_classification",)
+BUILTIN_RECIPE_MODULES = ("recipes.image_classification", "recipes.bert_finetune")
+ENTRY_POINT_GROUP = "hvdtrain.recipes"  # installed packages add recipes here (see hvdtrain.core.plugins)
 
 
 class RecipeError(LookupError):
@@ -39,32 +40,46 @@ _RECIPES: dict[str, RecipeSpec] = {}
 _builtins_loaded = False
 
 
-def define_recipe(name: str, description: str = "", defaults: dict[str, Any] | None = None) -> RecipeSpec:
-    """Declare recipe ``name`` with its description and config defaults (a nested dict)."""
-    if name in _RECIPES:
+def define_recipe(name: str, description: str = "", defaults: dict[str, Any] | None = None,
+                  replace: bool = False) -> RecipeSpec:
+    """Declare recipe ``name`` with its description and config defaults (a nested dict).
+
+    ``replace=True`` drops an existing recipe of that name first (a notebook cell run twice).
+    """
+    if name in _RECIPES and not replace:
         raise RecipeError(f"recipe {name!r} is already defined")
     spec = RecipeSpec(name, description, dict(defaults or {}))
     _RECIPES[name] = spec
     return spec
 
 
-def register_recipe(name: str, framework: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def register_recipe(name: str, framework: str,
+                    replace: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator registering a builder of recipe ``name`` for ``framework``.
 
-    The recipe is defined on first use if :func:`define_recipe` was not called.
+    The recipe is defined on first use if :func:`define_recipe` was not called. ``replace=True``
+    swaps an existing builder for that framework (a notebook cell run twice).
     """
     if framework not in FRAMEWORKS:
         raise RecipeError(f"framework {framework!r} is not supported; choose one of: {', '.join(FRAMEWORKS)}")
 
     def decorate(builder: Callable[..., Any]) -> Callable[..., Any]:
         spec = _RECIPES.get(name) or define_recipe(name)
-        if framework in spec.builders:
+        if framework in spec.builders and not replace:
             raise RecipeError(f"recipe {name!r} already has a {framework} builder "
                               f"({spec.builders[framework].__module__}.{spec.builders[framework].__qualname__})")
         spec.builders[framework] = builder
         return builder
 
     return decorate
+
+
+def register_spec(spec: RecipeSpec, replace: bool = False) -> RecipeSpec:
+    """Register a whole :class:`RecipeSpec` (what :func:`hvdtrain.run` ships to its workers)."""
+    if spec.name in _RECIPES and _RECIPES[spec.name] is not spec and not replace:
+        raise RecipeError(f"recipe {spec.name!r} is already defined")
+    _RECIPES[spec.name] = spec
+    return spec
 
 
 def unregister_recipe(name: str) -> None:
@@ -82,8 +97,11 @@ def load_builtin_recipes() -> None:
 
 
 def list_recipes() -> dict[str, RecipeSpec]:
-    """All known recipes by name."""
+    """All known recipes by name: built-in, from the ``hvdtrain.recipes`` entry points, and registered."""
+    from hvdtrain.core.plugins import load_entry_point_recipes
+
     load_builtin_recipes()
+    load_entry_point_recipes()
     return dict(sorted(_RECIPES.items()))
 
 
@@ -91,8 +109,10 @@ def get_recipe(name: str) -> RecipeSpec:
     """The recipe called ``name``, or a RecipeError listing the known ones."""
     recipes = list_recipes()
     if name not in recipes:
+        from hvdtrain.core.plugins import entry_point_error
+
         known = ", ".join(recipes) or "none"
-        raise RecipeError(f"unknown recipe {name!r}; known recipes: {known}")
+        raise RecipeError(entry_point_error(name) or f"unknown recipe {name!r}; known recipes: {known}")
     return recipes[name]
 
 

@@ -35,8 +35,13 @@ def shard_size(num_samples: int, world_size: int, remainder: str = "pad") -> int
 
 
 def train_shard(num_samples: int, rank: int, world_size: int, epoch: int, seed: int,
-                shuffle: bool = True, remainder: str = "pad") -> np.ndarray:
-    """Indices rank ``rank`` trains on in ``epoch``; all ranks get the same count."""
+                shuffle: bool = True, remainder: str = "pad", start: int = 0) -> np.ndarray:
+    """Indices rank ``rank`` trains on in ``epoch``; all ranks get the same count.
+
+    ``start`` skips the first ``start`` positions of the epoch's (padded) order: what a resumed
+    run has already consumed. With the world size unchanged this is exactly the rest of each
+    rank's original shard; with another world size the rest of the epoch is dealt anew.
+    """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
     if num_samples < world_size:
@@ -47,7 +52,11 @@ def train_shard(num_samples: int, rank: int, world_size: int, epoch: int, seed: 
     total = per_rank * world_size
     if total > num_samples:
         order = np.concatenate([order, order[: total - num_samples]])
-    return order[rank:total:world_size]
+    rest = order[:total][start:]
+    extra = len(rest) % world_size  # only after a resume with another world size
+    if extra:
+        rest = np.concatenate([rest, rest[: world_size - extra]]) if remainder == "pad" else rest[: len(rest) - extra]
+    return rest[rank::world_size]
 
 
 def eval_shard(num_samples: int, rank: int, world_size: int) -> np.ndarray:

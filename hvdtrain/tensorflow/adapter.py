@@ -18,11 +18,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.core.adapter import DistContext, FrameworkAdapter
+from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
 from hvdtrain.core.config import ConfigError
-from hvdtrain.core.launch import prepare_horovod_environment
+from hvdtrain.core.launch import prepare_horovod_environment, reduction_problem
 
-MODEL_FILE = "model.weights.h5"
+MODEL_FILE = "model_variables.npz"  # every model variable, dropout seed state included
 OPTIMIZER_FILE = "optimizer.npz"
 
 
@@ -38,14 +38,15 @@ def _as_tensor(value: Any) -> Any:
 
 
 class TensorFlowAdapter(FrameworkAdapter):
-    """Gradients allreduced by ``hvd.DistributedGradientTape`` (optional fp16 compression; with
-    gradient accumulation, local sums then one grouped allreduce); variables broadcast from rank 0."""
+    """Gradients allreduced by ``hvd.DistributedGradientTape`` (optional fp16 compression, average or
+    Adasum; with gradient accumulation, local sums then one grouped allreduce); variables broadcast
+    from rank 0."""
 
     name = "tensorflow"
 
     def init(self, config: Any) -> DistContext:
         train_config = config.train
-        prepare_horovod_environment()
+        prepare_horovod_environment(config)  # comm options become HOROVOD_* variables before init
         hvd.init()
         threads = train_config.threads or max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
         tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -56,6 +57,8 @@ class TensorFlowAdapter(FrameworkAdapter):
             for gpu in gpus:
                 tf.config.experimental.set_memory_growth(gpu, True)
         keras.utils.set_random_seed(train_config.seed)
+        if train_config.deterministic:
+            tf.config.experimental.enable_op_determinism()
         precision = train_config.mixed_precision
         if precision == "fp16" and not gpus:
             raise ConfigError("train.mixed_precision: 'fp16' needs a GPU; use 'bf16' on CPU")
@@ -72,7 +75,12 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.optimizer = task.optimizer
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
+        self.nonfinite = train_config.nonfinite
         self.compression = hvd.Compression.fp16 if train_config.fp16_allreduce else hvd.Compression.none
+        problem = reduction_problem(config.comm, hvd.size(), hvd.mpi_enabled())
+        if problem:
+            raise ConfigError(problem)
+        self.reduce_op = hvd.Adasum if config.comm.reduction == "adasum" and hvd.size() > 1 else hvd.Average
         if not self.model.built:
             sample, _ = task.train_data.get_batch(np.arange(1), 0)
             self.model(_as_tensor(sample), training=False)
@@ -88,10 +96,19 @@ class TensorFlowAdapter(FrameworkAdapter):
         outputs = self.model(inputs, training=training)
         return outputs, tf.cast(self.task.loss_fn(outputs, targets), tf.float32)
 
-    def _update(self, grads: list[Any]) -> None:
+    def _update(self, grads: list[Any]) -> Any:
+        """Apply the allreduced ``grads`` if they are finite; return whether they were."""
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        norm = tf.linalg.global_norm(grads)
+        finite = tf.math.is_finite(norm)
         if self.grad_clip_norm is not None:
-            grads, _ = tf.clip_by_global_norm(grads, self.grad_clip_norm)
-        self.optimizer.apply_gradients(zip(grads, self.trainable))
+            grads, _ = tf.clip_by_global_norm(grads, self.grad_clip_norm, use_norm=norm)
+
+        def apply():
+            self.optimizer.apply_gradients(zip(grads, self.trainable))
+            return tf.constant(True)
+
+        return tf.cond(finite, apply, lambda: tf.constant(False))
 
     def _apply_step(self, inputs: Any, targets: Any) -> Any:
         with tf.GradientTape() as tape:
@@ -100,17 +117,16 @@ class TensorFlowAdapter(FrameworkAdapter):
         variables = tf_variables(self.trainable)
         if not self.accumulators:
             tape = hvd.DistributedGradientTape(tape, compression=self.compression,  # distributed: allreduce
-                                               sparse_as_dense=True)
+                                               sparse_as_dense=True, op=self.reduce_op)
             grads = tape.gradient(scaled, variables)
         else:
             local = tape.gradient(scaled, variables)
             summed = [a + tf.convert_to_tensor(g) for a, g in zip(self.accumulators, local)]
-            grads = hvd.grouped_allreduce(summed, op=hvd.Average,  # distributed: one fused allreduce
+            grads = hvd.grouped_allreduce(summed, op=self.reduce_op,  # distributed: one fused allreduce
                                           compression=self.compression)
             for a in self.accumulators:
                 a.assign(tf.zeros_like(a))
-        self._update(grads)
-        return loss
+        return loss, self._update(grads)
 
     def _accumulate_step(self, inputs: Any, targets: Any) -> Any:
         with tf.GradientTape() as tape:
@@ -118,7 +134,7 @@ class TensorFlowAdapter(FrameworkAdapter):
             scaled = loss / self.accumulation
         for a, g in zip(self.accumulators, tape.gradient(scaled, tf_variables(self.trainable))):
             a.assign_add(tf.convert_to_tensor(g))
-        return loss
+        return loss, tf.constant(True)
 
     def _eval_step(self, inputs: Any, targets: Any) -> dict[str, Any]:
         outputs, loss = self._loss(inputs, targets, training=False)
@@ -136,7 +152,12 @@ class TensorFlowAdapter(FrameworkAdapter):
 
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True) -> float:
         step = self._train_apply if apply_update or not self.accumulators else self._train_accumulate
-        return float(step(_as_tensor(inputs), tf.convert_to_tensor(targets)))
+        loss, applied = step(_as_tensor(inputs), tf.convert_to_tensor(targets))
+        if not bool(applied):
+            if self.nonfinite == "error":
+                raise NonFiniteGradientError(f"the allreduced gradient is not finite (loss on this rank {float(loss)})")
+            self.skipped_updates += 1
+        return float(loss)
 
     def eval_step(self, inputs: Any, targets: Any) -> dict[str, float]:
         return {k: float(v) for k, v in self._eval(_as_tensor(inputs), tf.convert_to_tensor(targets)).items()}
@@ -154,21 +175,50 @@ class TensorFlowAdapter(FrameworkAdapter):
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
         return hvd.broadcast_object(obj, root_rank=root_rank, name=self._name("broadcast_object"))  # distributed
 
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return hvd.allgather_object(obj, name=self._name("allgather_object"))  # distributed
+
+    def rng_state(self) -> dict[str, Any]:
+        from keras.src.random.seed_generator import global_seed_generator
+
+        return {"keras_global_seed": np.asarray(global_seed_generator().state.numpy()).tolist()}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        from keras.src.random.seed_generator import global_seed_generator
+
+        global_seed_generator().state.assign(np.asarray(state["keras_global_seed"], dtype=np.int64))
+
+    def state_is_finite(self) -> bool:
+        return all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables)
+
     def save_state(self, directory: Path) -> None:
-        self.model.save_weights(str(Path(directory) / MODEL_FILE))
-        arrays = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(self.optimizer.variables)}
-        with open(Path(directory) / OPTIMIZER_FILE, "wb") as f:
-            np.savez(f, **arrays)
+        _save_variables(Path(directory) / MODEL_FILE, self.model.variables)
+        _save_variables(Path(directory) / OPTIMIZER_FILE, self.optimizer.variables)
 
     def load_state(self, directory: Path) -> None:
-        self.model.load_weights(str(Path(directory) / MODEL_FILE))
-        with np.load(Path(directory) / OPTIMIZER_FILE, allow_pickle=False) as saved:
-            names = sorted(saved.files)
-            if len(names) != len(self.optimizer.variables):
-                raise ValueError(f"optimizer state in {directory} has {len(names)} variables, "
-                                 f"this optimizer has {len(self.optimizer.variables)}")
-            for name, variable in zip(names, self.optimizer.variables):
-                variable.assign(saved[name])
+        _load_variables(Path(directory) / MODEL_FILE, self.model.variables)
+        _load_variables(Path(directory) / OPTIMIZER_FILE, self.optimizer.variables)
+
+
+def _save_variables(path: Path, variables: list[Any]) -> None:
+    """Variables in order, as a NumPy .npz (no pickled objects), with their paths for checking."""
+    arrays = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
+    arrays["paths"] = np.asarray([getattr(v, "path", v.name) for v in variables], dtype=np.str_)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _load_variables(path: Path, variables: list[Any]) -> None:
+    """Assign what :func:`_save_variables` wrote; a count or shape mismatch is a clear error."""
+    with np.load(path, allow_pickle=False) as saved:
+        names = sorted(n for n in saved.files if n != "paths")
+        if len(names) != len(variables):
+            raise ValueError(f"{path} holds {len(names)} variables, this model/optimizer has {len(variables)}")
+        for name, variable in zip(names, variables):
+            if tuple(saved[name].shape) != tuple(variable.shape):
+                raise ValueError(f"{path}: variable {getattr(variable, 'path', name)} has shape "
+                                 f"{tuple(variable.shape)}, the checkpoint has {tuple(saved[name].shape)}")
+            variable.assign(saved[name])
 
 
 def build_optimizer(optim_config: Any, exclude_from_weight_decay: list[str] | None = None) -> keras.optimizers.Optimizer:

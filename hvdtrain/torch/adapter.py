@@ -12,12 +12,13 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdtrain.core.adapter import DistContext, FrameworkAdapter
+from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
 from hvdtrain.core.config import ConfigError
-from hvdtrain.core.launch import prepare_horovod_environment
+from hvdtrain.core.launch import prepare_horovod_environment, reduction_problem
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
+SCALER_FILE = "grad_scaler.pt"
 
 
 def default_threads(local_size: int) -> int:
@@ -27,18 +28,21 @@ def default_threads(local_size: int) -> int:
 
 class TorchAdapter(FrameworkAdapter):
     """Gradients allreduced by ``hvd.DistributedOptimizer`` (named parameters, optional fp16
-    compression, ``backward_passes_per_step`` accumulation); state broadcast from rank 0."""
+    compression, ``backward_passes_per_step`` accumulation, average or Adasum); state broadcast
+    from rank 0."""
 
     name = "torch"
 
     def init(self, config: Any) -> DistContext:
         train_config = config.train
-        prepare_horovod_environment()
+        prepare_horovod_environment(config)  # comm options become HOROVOD_* variables before init
         hvd.init()
         torch.set_num_threads(train_config.threads or default_threads(hvd.local_size()))
         random.seed(train_config.seed)
         np.random.seed(train_config.seed)
         torch.manual_seed(train_config.seed)
+        if train_config.deterministic:
+            torch.use_deterministic_algorithms(True)
         self.device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -53,10 +57,21 @@ class TorchAdapter(FrameworkAdapter):
         self.model = task.model.to(self.device)
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
+        self.nonfinite = train_config.nonfinite
         compression = hvd.Compression.fp16 if train_config.fp16_allreduce else hvd.Compression.none
-        self.optimizer = hvd.DistributedOptimizer(  # distributed: allreduce gradients
+        self.adasum = config.comm.reduction == "adasum" and hvd.size() > 1
+        if self.adasum:
+            problem = reduction_problem(config.comm, hvd.size(), hvd.mpi_enabled())
+            if problem is None and (optim_config.grad_clip_norm is not None or train_config.mixed_precision == "fp16"):
+                problem = ("comm.reduction: 'adasum' combines each worker's optimizer update, so torch cannot also "
+                           "use optim.grad_clip_norm or train.mixed_precision=fp16 (gradient scaling); unset those "
+                           "or use comm.reduction=average")
+            if problem:
+                raise ConfigError(problem)
+        self.optimizer = hvd.DistributedOptimizer(  # distributed: allreduce gradients (or Adasum updates)
             task.optimizer, named_parameters=self.model.named_parameters(),
-            compression=compression, backward_passes_per_step=self.accumulation, op=hvd.Average)
+            compression=compression, backward_passes_per_step=self.accumulation,
+            op=hvd.Adasum if self.adasum else hvd.Average)
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -73,6 +88,8 @@ class TorchAdapter(FrameworkAdapter):
             group["lr"] = 0.0
         hvd.broadcast_optimizer_state(self.optimizer, root_rank=root_rank)  # distributed
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=root_rank)  # distributed
+        if self.scaler is not None:
+            self.scaler.load_state_dict(self.broadcast_object(self.scaler.state_dict(), root_rank))
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -102,20 +119,29 @@ class TorchAdapter(FrameworkAdapter):
         return float(loss.detach())
 
     def _apply_update(self) -> None:
-        if self.scaler is None and self.grad_clip_norm is None:
-            self.optimizer.step()  # distributed: waits for the gradient allreduce
-        else:
-            self.optimizer.synchronize()  # distributed: finish the allreduce before touching gradients
+        if self.adasum:  # each parameter's local update was started in backward; combine and apply them
+            self.optimizer.step()  # distributed: waits for the Adasum reduction of the updates
+            self.optimizer.zero_grad()
+            return
+        self.optimizer.synchronize()  # distributed: finish the gradient allreduce before reading gradients
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if self.scaler is None and not torch.isfinite(norm):
+            self.optimizer.zero_grad()
+            if self.nonfinite == "error":
+                raise NonFiniteGradientError(f"the allreduced gradient is not finite (norm {float(norm)})")
+            self.skipped_updates += 1
+            return
+        if self.grad_clip_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.grad_clip_norm, norm)
+        with self.optimizer.skip_synchronize():
             if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)
-            if self.grad_clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
-            with self.optimizer.skip_synchronize():
-                if self.scaler is not None:
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                else:
-                    self.optimizer.step()
+                self.scaler.step(self.optimizer)  # skips the update itself when fp16 gradients overflowed
+                self.scaler.update()
+            else:
+                self.optimizer.step()
         self.optimizer.zero_grad()
 
     @torch.no_grad()
@@ -139,9 +165,26 @@ class TorchAdapter(FrameworkAdapter):
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
         return hvd.broadcast_object(obj, root_rank=root_rank, name="hvdtrain.broadcast_object")  # distributed
 
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return hvd.allgather_object(obj, name="hvdtrain.allgather_object")  # distributed
+
+    def rng_state(self) -> dict[str, Any]:
+        return {"torch_cpu": torch.get_rng_state().tolist(),
+                "torch_cuda": torch.cuda.get_rng_state().tolist() if self.device.type == "cuda" else None}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(torch.tensor(state["torch_cpu"], dtype=torch.uint8))
+        if state.get("torch_cuda") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(torch.tensor(state["torch_cuda"], dtype=torch.uint8))
+
+    def state_is_finite(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+
     def save_state(self, directory: Path) -> None:
         torch.save(self.model.state_dict(), Path(directory) / MODEL_FILE)
         torch.save(self.optimizer.state_dict(), Path(directory) / OPTIMIZER_FILE)
+        if self.scaler is not None:
+            torch.save(self.scaler.state_dict(), Path(directory) / SCALER_FILE)
 
     def load_state(self, directory: Path) -> None:
         # weights_only: tensors and plain containers only, never arbitrary pickled objects.
@@ -149,6 +192,8 @@ class TorchAdapter(FrameworkAdapter):
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(
             torch.load(Path(directory) / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
+        if self.scaler is not None and (Path(directory) / SCALER_FILE).is_file():
+            self.scaler.load_state_dict(torch.load(Path(directory) / SCALER_FILE, weights_only=True))
 
 
 def build_optimizer(params: Any, optim_config: Any) -> torch.optim.Optimizer:

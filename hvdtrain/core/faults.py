@@ -1,0 +1,81 @@
+"""Fault injection for hvdtrain's own reliability tests (and for users who want to see a failure).
+
+Set ``HVDTRAIN_FAULT`` to one or more comma-separated faults, ``KIND[:rank=R][:step=S]``:
+
+* ``raise``  raise an exception on rank R before global step S;
+* ``kill``   ``kill -9`` this worker (SIGKILL to itself) before step S;
+* ``hang``   sleep forever before step S (a rank that never reaches the next collective);
+* ``nan``    make rank R's inputs NaN at step S (a non-finite loss and gradient);
+* ``crash-in-checkpoint``  exit abruptly after a checkpoint's files are written, before the
+  rename that publishes it (step S: the first checkpoint at or after that step).
+
+Without the variable every function here is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+KINDS = ("raise", "kill", "hang", "nan", "crash-in-checkpoint")
+
+
+class InjectedFault(RuntimeError):
+    """The exception the ``raise`` fault throws."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: what, on which rank (None: all), at which global step (None: any)."""
+
+    kind: str
+    rank: int | None = None
+    step: int | None = None
+
+    def matches(self, kind: str, rank: int, step: int) -> bool:
+        """True if this fault fires for ``kind`` on ``rank`` at ``step``."""
+        return self.kind == kind and self.rank in (None, rank) and (self.step is None or step == self.step)
+
+
+def parse_faults(text: str | None) -> list[Fault]:
+    """Parse the ``HVDTRAIN_FAULT`` syntax; an unknown kind or field is a ValueError naming it."""
+    faults = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        kind, *fields = item.split(":")
+        if kind not in KINDS:
+            raise ValueError(f"HVDTRAIN_FAULT: unknown fault {kind!r}; choose one of: {', '.join(KINDS)}")
+        values: dict[str, int] = {}
+        for field in fields:
+            key, _, value = field.partition("=")
+            if key not in ("rank", "step") or not value.isdigit():
+                raise ValueError(f"HVDTRAIN_FAULT: bad field {field!r} in {item!r}; use rank=N or step=N")
+            values[key] = int(value)
+        faults.append(Fault(kind, values.get("rank"), values.get("step")))
+    return faults
+
+
+_FAULTS = parse_faults(os.environ.get("HVDTRAIN_FAULT"))
+
+
+def active(kind: str, rank: int, step: int) -> bool:
+    """True if a fault of ``kind`` is set for this rank and step."""
+    return any(f.matches(kind, rank, step) for f in _FAULTS)
+
+
+def before_step(rank: int, step: int) -> None:
+    """Fire ``raise``, ``kill`` or ``hang`` faults due before global step ``step``."""
+    if active("raise", rank, step):
+        raise InjectedFault(f"injected failure on rank {rank} at step {step} (HVDTRAIN_FAULT)")
+    if active("kill", rank, step):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if active("hang", rank, step):
+        while True:
+            time.sleep(3600)
+
+
+def crash_before_publish(step: int) -> None:
+    """Exit at once, leaving a checkpoint written but not renamed into place."""
+    if any(f.kind == "crash-in-checkpoint" and (f.step is None or step >= f.step) for f in _FAULTS):
+        os._exit(17)

@@ -1,0 +1,84 @@
+"""A one-line progress bar on rank 0 with throughput and ETA (``train.progress_bar``).
+
+It draws only when its stream is a terminal, so logs, pipes, ``horovodrun``'s forwarded output and
+notebooks stay clean. It clears itself before the loop prints a ``train.log_every`` line or an
+epoch summary, so those lines are never garbled.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from hvdtrain.core.callbacks import Callback
+
+CLEAR_LINE = "\r\x1b[K"
+
+
+def format_duration(seconds: float) -> str:
+    """``1:02:03`` or ``2:03``."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def render_bar(epoch: int, epochs: int, done: int, total: int, loss: float, rate: float, eta_sec: float,
+               width: int = 24) -> str:
+    """The bar's text, e.g. ``epoch 1/2 [#####-----]  45% 210/469 loss 0.1234 1234 samples/s ETA 0:21``."""
+    fraction = done / total if total else 1.0
+    filled = int(round(fraction * width))
+    return (f"epoch {epoch}/{epochs} [{'#' * filled}{'-' * (width - filled)}] {fraction:4.0%} {done}/{total} "
+            f"loss {loss:.4f} {rate:,.0f} samples/s ETA {format_duration(eta_sec)}")
+
+
+class ProgressBar(Callback):
+    """Rank 0 redraws the bar at most every ``min_interval`` seconds, only on a terminal."""
+
+    def __init__(self, stream: TextIO | None = None, min_interval: float = 0.1):
+        self.stream = stream
+        self.min_interval = min_interval
+        self.active = False
+        self._shown = False
+
+    def on_train_begin(self, ctx: Any, info: dict[str, Any]) -> None:
+        self.stream = self.stream or sys.stdout
+        isatty = getattr(self.stream, "isatty", None)
+        self.active = bool(ctx.is_main and isatty is not None and isatty())
+        self.epochs = info["config"].train.epochs
+        self.log_every = info["config"].train.log_every
+        self._epoch_started = time.perf_counter()
+        self._last_draw = 0.0
+
+    def on_step_end(self, epoch: int, step: int, logs: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        done, total = step + 1, logs["steps"]
+        if self.log_every and done % self.log_every == 0:  # the loop prints a line right after this
+            self._clear()
+            return
+        now = time.perf_counter()
+        if now - self._last_draw < self.min_interval and done != total:
+            return
+        elapsed = now - self._epoch_started
+        eta = elapsed / done * (total - done)
+        self.stream.write(CLEAR_LINE + render_bar(epoch + 1, self.epochs, done, total, logs["loss"],
+                                                  logs["samples_per_sec"], eta))
+        self.stream.flush()
+        self._shown, self._last_draw = True, now
+
+    def on_epoch_end(self, epoch: int, record: dict[str, Any]) -> None:
+        if self.active:
+            self._clear()
+        self._epoch_started = time.perf_counter()
+
+    def on_train_end(self, result: Any) -> None:
+        if self.active:
+            self._clear()
+
+    def _clear(self) -> None:
+        if self._shown:
+            self.stream.write(CLEAR_LINE)
+            self.stream.flush()
+            self._shown = False

@@ -1,0 +1,41 @@
+"""Worker for tests/distributed/test_bench.py: train the image recipe with config overrides, then
+report every rank's parameter fingerprint and the final metrics.
+
+    horovodrun -np 2 -H localhost:2 --mpi python comm_options.py REPORT.json FRAMEWORK KEY=VALUE ...
+"""
+
+import hashlib
+import json
+import sys
+
+import numpy as np
+
+import hvdtrain
+
+
+def fingerprint(adapter, framework):
+    """SHA-256 of every trainable parameter's bytes, in model order."""
+    digest = hashlib.sha256()
+    if framework == "torch":
+        arrays = [p.detach().cpu().numpy() for p in adapter.model.parameters()]
+    else:
+        arrays = [np.asarray(v.numpy()) for v in adapter.model.trainable_variables]
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def main():
+    report, framework, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
+    config = hvdtrain.load_config(hvdtrain.get_recipe("image-classification").defaults, overrides=overrides,
+                                  recipe="image-classification", framework=framework)
+    trainer = hvdtrain.Trainer(config)
+    result = trainer.fit()
+    prints = trainer.adapter.allgather_object(fingerprint(trainer.adapter, framework))
+    if trainer.ctx.is_main:
+        with open(report, "w") as f:
+            json.dump({"world_size": result.world_size, "fingerprints": prints, "history": result.history}, f)
+
+
+if __name__ == "__main__":
+    main()
