@@ -10,7 +10,7 @@ NP ?= 2
 DEMO_OUT ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-torch demo-tensorflow test test-unit clean
+.PHONY: setup demo demo-torch demo-tensorflow test test-unit bench clean
 
 setup:
 	bash scripts/install.sh
@@ -23,6 +23,10 @@ test: setup
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+# the benchmark suite (about 12 minutes on 2 cores; not part of test): BENCHMARKS.md + benchmarks/benchmarks.png
+bench: setup
+	$(PY) benchmarks/run.py
 
 clean:
 	rm -rf $(DEMO_OUT) .pytest_cache

@@ -7,19 +7,22 @@
 #                                                                  multi-node job; README: "Docker images")
 #
 # SSH for multi-node jobs: mount a key pair (id_ed25519, id_ed25519.pub) at $HVDTRAIN_SSH_KEYS
-# (default /etc/hvdtrain/ssh) on every node; it becomes root's identity and authorized key. With
+# (default /etc/hvdtrain/ssh) on every node; it becomes the user's identity and authorized key. With
 # HVDTRAIN_SSHD=1 every container also starts sshd on $HVDTRAIN_SSH_PORT (default 2222).
 set -euo pipefail
 
 keys="${HVDTRAIN_SSH_KEYS:-/etc/hvdtrain/ssh}"
 port="${HVDTRAIN_SSH_PORT:-2222}"
+ssh_dir="${HOME:-/root}/.ssh"
 
 if [[ -f "$keys/id_ed25519" && -f "$keys/id_ed25519.pub" ]]; then
-  mkdir -p /root/.ssh && chmod 700 /root/.ssh
-  install -m 600 "$keys/id_ed25519" /root/.ssh/id_ed25519
-  install -m 644 "$keys/id_ed25519.pub" /root/.ssh/id_ed25519.pub
-  cat "$keys/id_ed25519.pub" >> /root/.ssh/authorized_keys
-  chmod 600 /root/.ssh/authorized_keys
+  mkdir -p "$ssh_dir" && chmod 700 "$ssh_dir"
+  install -m 600 "$keys/id_ed25519" "$ssh_dir/id_ed25519"
+  install -m 644 "$keys/id_ed25519.pub" "$ssh_dir/id_ed25519.pub"
+  if ! grep -qxF "$(cat "$keys/id_ed25519.pub")" "$ssh_dir/authorized_keys" 2>/dev/null; then
+    cat "$keys/id_ed25519.pub" >> "$ssh_dir/authorized_keys"
+  fi
+  chmod 600 "$ssh_dir/authorized_keys"
 fi
 
 if [[ "${1:-}" == "worker" ]]; then

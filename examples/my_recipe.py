@@ -25,16 +25,16 @@ HIDDEN = 128
 hvdtrain.define_recipe(
     "mnist-mlp",
     description="example user recipe: a two-layer perceptron on MNIST (examples/my_recipe.py)",
-    defaults={"train": {"epochs": 1, "batch_size": 64},
+    defaults={"model": {"name": "mlp-128"}, "train": {"epochs": 1, "batch_size": 64},
               "optim": {"name": "sgd", "lr": 0.02, "momentum": 0.9, "warmup_epochs": 0.1}},
 )
 
 
-def _data(config, channels_first):
-    """Train and val datasets (NumPy batches) and the number of classes."""
+def _data(config, ctx, channels_first):
+    """Train and val datasets (NumPy batches), the number of classes and of input features."""
     from recipes.image_classification.common import load_datasets
 
-    train, val, num_classes = load_datasets(config, channels_first=channels_first)
+    train, val, num_classes = load_datasets(config, ctx, channels_first=channels_first)
     height, width = train.image_size
     return train, val, num_classes, train.channels * height * width
 
@@ -47,7 +47,7 @@ def build_torch(config, ctx):
 
     from hvdtrain.torch import build_optimizer
 
-    train, val, num_classes, features = _data(config, channels_first=True)
+    train, val, num_classes, features = _data(config, ctx, channels_first=True)
     torch.manual_seed(config.train.seed)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(features, HIDDEN), torch.nn.ReLU(),
                                 torch.nn.Linear(HIDDEN, num_classes))
@@ -69,7 +69,7 @@ def build_tensorflow(config, ctx):
 
     from hvdtrain.tensorflow import build_optimizer
 
-    train, val, num_classes, features = _data(config, channels_first=False)
+    train, val, num_classes, features = _data(config, ctx, channels_first=False)
     keras.utils.set_random_seed(config.train.seed)
     model = keras.Sequential([keras.Input((*train.image_size, train.channels)), keras.layers.Flatten(),
                               keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(num_classes)])

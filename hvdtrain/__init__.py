@@ -7,7 +7,10 @@ The public API (importing it loads neither torch nor TensorFlow)::
                                   overrides=["train.epochs=1"], framework="torch")
     result = hvdtrain.train(config)          # in every worker (under horovodrun) or alone
 
-Recipes are registered with :func:`define_recipe` and :func:`register_recipe`.
+Recipes are registered with :func:`define_recipe` and :func:`register_recipe`. From a notebook,
+:func:`run` starts N workers and returns rank 0's result::
+
+    result = hvdtrain.run("image-classification", framework="torch", np=2, train__epochs=1)
 """
 
 __version__ = "0.1.0"

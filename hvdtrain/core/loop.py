@@ -34,7 +34,7 @@ from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.registry import get_builder, get_recipe
 from hvdtrain.core.schedule import build_schedule
 from hvdtrain.core.visibility import default_callbacks
-from hvdtrain.core.watchdog import configure_stall_timeout, explain_stall
+from hvdtrain.core.watchdog import StallWatchdog
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
@@ -126,15 +126,25 @@ def _plan_start(config: RunConfig, manager: CheckpointManager, output: Path) -> 
                                  f"another --output (nothing was changed)"}
             return {"checkpoint": None}
         notes: list[str] = []
-        latest = manager.latest(problems=notes)
+        latest, damaged = None, []
+        for info in reversed(existing):
+            problem = manager.verify(info.path, info.manifest)
+            if problem is None:
+                latest = info
+                break
+            notes.append(problem)
+            damaged.append(info)
+        if latest is not None:
+            problem = _incompatibility(latest, config)
+            if problem:
+                return {"error": problem}
+        for info in damaged:  # out of the way of the checkpoints this run will write, but kept
+            notes.append(f"moved damaged checkpoint {info.path.name} aside to {manager.quarantine(info).name}")
         if latest is None:
             notes.append(f"--resume: no usable checkpoint in {manager.directory}; starting from scratch")
             return {"checkpoint": None, "notes": notes}
-        if notes:
+        if damaged:
             notes.append(f"falling back to checkpoint {latest.path}")
-        problem = _incompatibility(latest, config)
-        if problem:
-            return {"error": problem}
         return {"checkpoint": str(latest.path), "manifest": latest.manifest, "notes": notes}
     except Exception as exc:  # every rank must hear about it, or the others hang in the broadcast
         return {"error": str(exc)}
@@ -183,21 +193,14 @@ class Trainer:
 
     def fit(self) -> RunResult:
         """Train for ``config.train.epochs`` epochs (from the resume point) and return the history."""
-        try:
-            return self._fit()
-        except (TrainingError, NonFiniteGradientError, faults.InjectedFault):
-            raise
-        except Exception as exc:
-            message = explain_stall(exc, self.config.train.stall_timeout_sec)
-            if message:
-                raise TrainingError(message) from exc
-            raise
-
-    def _fit(self) -> RunResult:
         cfg, adapter = self.config, self.adapter
         builder = get_builder(cfg.recipe, cfg.framework)
-        configure_stall_timeout(cfg.train.stall_timeout_sec)
         ctx = self.ctx = adapter.init(cfg)
+        with StallWatchdog(cfg.train.stall_timeout_sec, ctx.rank) as self.watchdog:
+            return self._fit(builder)
+
+    def _fit(self, builder: Any) -> RunResult:
+        cfg, adapter, ctx = self.config, self.adapter, self.ctx
         gate = self.gate = RankZeroGate(ctx.rank)
         output = self.output = Path(cfg.output)
         self.manager = CheckpointManager(output / "checkpoints", cfg.checkpoint.keep_last,
@@ -322,7 +325,9 @@ class Trainer:
         batch_list = sharding.batches(indices, cfg.train.batch_size)
         started, seen = time.perf_counter(), 0
         loaded = prefetch(batch_list, lambda idx: task.train_data.get_batch(idx, epoch), cfg.data.prefetch_batches)
+        self.watchdog.beat(stats.global_step, "loading the first batch")
         for i, (inputs, targets) in enumerate(loaded):
+            self.watchdog.beat(stats.global_step, "running the training step's user code")
             faults.before_step(ctx.rank, stats.global_step)
             if faults.active("nan", ctx.rank, stats.global_step):
                 inputs = np.full_like(inputs, np.nan)
@@ -330,6 +335,7 @@ class Trainer:
                 stats.lr = schedule(stats.global_step)
                 adapter.set_learning_rate(stats.lr)
             apply = (i + 1) % accum == 0 or i == len(batch_list) - 1
+            self.watchdog.beat(stats.global_step, "waiting in collectives (gradient allreduce)")
             try:
                 loss = adapter.train_step(inputs, targets, apply_update=apply)
             except NonFiniteGradientError as exc:
@@ -337,6 +343,7 @@ class Trainer:
                     f"{exc} at epoch {epoch + 1}, batch {i + 1} (optimizer step {stats.global_step + 1}); stopped "
                     f"without saving it. train.nonfinite=skip drops such updates instead") from None
             stats.global_step += int(apply)
+            self.watchdog.beat(stats.global_step, "loading the next batch")
             stats.loss_sum += loss * len(targets)
             stats.samples += len(targets)
             seen += len(targets)
@@ -359,9 +366,11 @@ class Trainer:
         cfg, ctx, adapter = self.config, self.ctx, self.adapter
         mine = {"rng": {**_python_numpy_rng(), "framework": adapter.rng_state()},
                 "loss_sum": stats.loss_sum, "samples": stats.samples}
+        self.watchdog.beat(position.step, "waiting in collectives (checkpoint)")
         rank_states = adapter.allgather_object(mine)
         if not ctx.is_main:
             return None
+        self.watchdog.beat(position.step, "writing a checkpoint")
         if not adapter.state_is_finite():
             raise TrainingError(f"model parameters are not finite at optimizer step {position.step}; "
                                 f"refusing to write checkpoint {name}")
@@ -377,7 +386,7 @@ class Trainer:
                     "framework_version": _framework_version(cfg.framework)}
         try:
             return self.manager.save(name, write, manifest).path
-        except OSError as exc:
+        except Exception as exc:  # OSError from us, RuntimeError from torch.save, ... on a full disk
             raise TrainingError(f"could not write checkpoint {name} in {self.manager.directory}: {exc}; "
                                 f"nothing partial was left and earlier checkpoints are intact") from None
 
@@ -388,8 +397,10 @@ class Trainer:
         sums: dict[str, float] = {}
         for inputs, targets in prefetch(sharding.batches(indices, self.config.train.batch_size),
                                         lambda idx: data.get_batch(idx, -1), self.config.data.prefetch_batches):
+            self.watchdog.beat(self.watchdog.step, "evaluating")
             for k, v in self.adapter.eval_step(inputs, targets).items():
                 sums[k] = sums.get(k, 0.0) + v
+        self.watchdog.beat(self.watchdog.step, "waiting in collectives (evaluation metrics)")
         keys = self.adapter.broadcast_object(sorted(sums) if ctx.is_main else None)
         totals = self.adapter.allreduce_sums({k: sums.get(k, 0.0) for k in keys})
         return {"loss": totals["loss_sum"] / max(1.0, totals["count"]), **task.finalize_metrics(totals)}

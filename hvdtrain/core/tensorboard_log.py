@@ -14,6 +14,7 @@ TensorFlow is imported. Tags (open with ``tensorboard --logdir runs``):
 from __future__ import annotations
 
 import math
+import os
 import socket
 import struct
 import time
@@ -38,8 +39,10 @@ class EventFileWriter:
         self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
         directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
-        self.path = directory / f"events.out.{EVENT_FILE_MARKER}.{int(now)}.{socket.gethostname()}.hvdtrain"
-        self._records = RecordWriter(open(self.path, "ab"))
+        # TensorBoard reads a folder's files in name order: seconds first, then a unique tail
+        self.path = directory / (f"events.out.{EVENT_FILE_MARKER}.{int(now):010d}.{socket.gethostname()}."
+                                 f"{os.getpid()}.{time.time_ns() % 10**9:09d}.hvdtrain")
+        self._records = RecordWriter(open(self.path, "xb"))
         self._write(event_pb2.Event(wall_time=now, step=0, file_version="brain.Event:2"))
         self.flush()
 
@@ -109,9 +112,8 @@ class TensorBoardCallback(Callback):
 
 
 def event_files(run_dir: str | Path) -> list[Path]:
-    """The TensorBoard event files directly in ``run_dir``, oldest first."""
-    return sorted((p for p in Path(run_dir).iterdir() if EVENT_FILE_MARKER in p.name and p.is_file()),
-                  key=lambda p: (p.stat().st_mtime, p.name))
+    """The TensorBoard event files directly in ``run_dir``, in the order TensorBoard reads them (by name)."""
+    return sorted(p for p in Path(run_dir).iterdir() if EVENT_FILE_MARKER in p.name and p.is_file())
 
 
 def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:

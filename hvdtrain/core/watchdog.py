@@ -1,29 +1,57 @@
-"""Turn a stuck collective into an error: Horovod's stall inspector, configured before ``hvd.init``.
+"""Turn a stuck job into a prompt, clear error instead of a silent hang.
 
-When one rank stops calling collectives (it hangs, or it skipped a step), the others wait forever
-in the next allreduce. Horovod's coordinator notices tensors that only some ranks submitted: after
-``HOROVOD_STALL_CHECK_TIME_SECONDS`` it logs which ranks are missing, and after
-``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` it shuts Horovod down, which makes every pending
-collective raise. :func:`configure_stall_timeout` sets both from ``train.stall_timeout_sec``.
+When one rank stops calling collectives (it hangs in user code, or skipped a step), the other
+ranks wait forever in the next allreduce; Horovod 0.28's stall inspector does not report this
+under the Gloo controller. :class:`StallWatchdog` is a daemon thread on every rank: the training
+loop reports progress (``beat``) and whether the rank is about to wait in collectives
+(``phase``). If no progress is made for ``timeout`` seconds, every rank prints what it was doing
+(``waiting in collectives`` for the ranks that arrived, anything else for the ranks that did not)
+and exits, so the launcher tears the job down.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
+
+STALL_EXIT_CODE = 75
 
 
-def configure_stall_timeout(seconds: float | None) -> None:
-    """Warn (naming the missing ranks) after half of ``seconds`` and shut down after ``seconds``."""
-    if seconds is None:
-        return
-    os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = str(max(1, int(seconds // 2)))
-    os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(max(2, int(seconds)))
+class StallWatchdog:
+    """Exit this process if the training loop makes no progress for ``timeout`` seconds."""
 
+    def __init__(self, timeout: float | None, rank: int):
+        self.timeout, self.rank = timeout, rank
+        self.step, self.where = 0, "starting"
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-def explain_stall(exc: BaseException, seconds: float | None) -> str | None:
-    """A clear message if ``exc`` is Horovod shutting down after a stall, else None."""
-    text = str(exc)
-    if seconds is not None and ("shut down" in text.lower() or "shutdown" in text.lower()):
-        return (f"a collective operation waited longer than train.stall_timeout_sec={seconds:g}s, so Horovod "
-                f"shut down; its stall report above names the ranks that did not arrive ({text.strip()})")
-    return None
+    def __enter__(self) -> "StallWatchdog":
+        if self.timeout:
+            self._thread = threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def beat(self, step: int, where: str) -> None:
+        """Progress: the loop is at optimizer ``step`` and about to do ``where``."""
+        self.step, self.where, self._last = step, where, time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.timeout / 4)):
+            idle = time.monotonic() - self._last
+            if idle > self.timeout:
+                arrived = self.where.startswith("waiting in collectives")
+                print(f"hvdtrain: error: rank {self.rank}: no progress for {idle:.0f}s "
+                      f"(train.stall_timeout_sec={self.timeout:g}) at optimizer step {self.step}, {self.where}"
+                      + ("" if arrived else f" -- rank {self.rank} did not arrive at the collective"),
+                      file=sys.stderr, flush=True)
+                # Give the launcher time to forward the message; a rank that did arrive waits longer,
+                # so the report of the rank that did not is the one the launcher names.
+                time.sleep(3.0 if arrived else 1.0)
+                os._exit(STALL_EXIT_CODE)

@@ -48,6 +48,7 @@ def label_record(labels: list[str], max_length: int) -> dict:
 def save_labels(output: Path, record: dict, resume: bool) -> None:
     """Rank 0: write ``labels.json`` into the run; on resume the data must give the same labels."""
     path = Path(output) / LABELS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
     if resume and path.is_file():
         saved = json.loads(path.read_text())
         if saved.get("labels") != record["labels"]:

@@ -48,6 +48,23 @@ def scan_split(split_dir: Path) -> tuple[list[str], list[Path], np.ndarray]:
     return classes, files, np.asarray(labels, dtype=np.int64)
 
 
+def readable_images(files: list[Path], labels: np.ndarray, bad_files: str) -> tuple[list[Path], np.ndarray, list[Path]]:
+    """Files whose image header Pillow can read. ``bad_files='error'`` stops at the first
+    unreadable one naming it; ``'skip'`` leaves them out and returns them as the third value."""
+    keep, skipped = [], []
+    for i, path in enumerate(files):
+        try:
+            with Image.open(path) as img:
+                img.size  # noqa: B018  (reading the header is the check)
+            keep.append(i)
+        except (OSError, SyntaxError, ValueError) as exc:
+            if bad_files == "error":
+                raise DataError(f"cannot read image {path}: {exc}; fix or remove it, or set "
+                                f"data.bad_files=skip to leave unreadable files out") from None
+            skipped.append(path)
+    return [files[i] for i in keep], labels[keep], skipped
+
+
 @dataclass
 class ImageFolderDataset:
     """One split of an ImageFolder tree; ``get_batch`` returns float32 images and int64 labels."""
@@ -59,6 +76,7 @@ class ImageFolderDataset:
     augment: bool = False
     channels_first: bool = False
     seed: int = 0
+    skipped: tuple[Path, ...] = ()
 
     def __len__(self) -> int:
         return len(self.files)
@@ -69,11 +87,14 @@ class ImageFolderDataset:
         return 1 if self.grayscale else 3
 
     def _decode(self, path: Path) -> np.ndarray:
-        with Image.open(path) as img:
-            img = img.convert("L" if self.grayscale else "RGB")
-            if img.size != (self.image_size[1], self.image_size[0]):
-                img = img.resize((self.image_size[1], self.image_size[0]), Image.BILINEAR)
-            array = np.asarray(img, dtype=np.uint8)
+        try:
+            with Image.open(path) as img:
+                img = img.convert("L" if self.grayscale else "RGB")
+                if img.size != (self.image_size[1], self.image_size[0]):
+                    img = img.resize((self.image_size[1], self.image_size[0]), Image.BILINEAR)
+                array = np.asarray(img, dtype=np.uint8)
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise DataError(f"cannot decode image {path}: {exc}") from None
         return array[:, :, None] if self.grayscale else array
 
     def _augment(self, batch: np.ndarray, indices: np.ndarray, epoch: int) -> np.ndarray:
@@ -108,7 +129,8 @@ def _subset(files: list[Path], labels: np.ndarray, limit: int | None, seed: int)
 
 def load_image_folder(root: str | Path, *, image_size: int | None, augment: bool | None,
                       channels_first: bool, seed: int, max_train: int | None = None,
-                      max_val: int | None = None) -> tuple[ImageFolderDataset, ImageFolderDataset, list[str]]:
+                      max_val: int | None = None, bad_files: str = "error",
+                      ) -> tuple[ImageFolderDataset, ImageFolderDataset, list[str]]:
     """Train and val datasets of an ImageFolder tree, and the class names.
 
     Train and val must have the same class folders. Caps (``max_train``/``max_val``) take a
@@ -127,14 +149,18 @@ def load_image_folder(root: str | Path, *, image_size: int | None, augment: bool
                         f"only in train: {only_train or 'none'}; only in val: {only_val or 'none'}")
     train_files, train_labels = _subset(train_files, train_labels, max_train, seed)
     val_files, val_labels = _subset(val_files, val_labels, max_val, seed + 1)
+    train_files, train_labels, train_skipped = readable_images(train_files, train_labels, bad_files)
+    val_files, val_labels, val_skipped = readable_images(val_files, val_labels, bad_files)
+    if not train_files or not val_files:
+        raise DataError(f"no readable images left in {root / ('train' if not train_files else 'val')}")
     with Image.open(train_files[0]) as first:
         grayscale = first.mode in ("L", "1", "I;16", "I")
         native = (first.size[1], first.size[0])
     size = (image_size, image_size) if image_size else native
     augment = (not grayscale) if augment is None else augment
     common = dict(image_size=size, grayscale=grayscale, channels_first=channels_first, seed=seed)
-    return (ImageFolderDataset(train_files, train_labels, augment=augment, **common),
-            ImageFolderDataset(val_files, val_labels, augment=False, **common), classes)
+    return (ImageFolderDataset(train_files, train_labels, augment=augment, skipped=tuple(train_skipped), **common),
+            ImageFolderDataset(val_files, val_labels, augment=False, skipped=tuple(val_skipped), **common), classes)
 
 
 def _cache_root() -> Path:

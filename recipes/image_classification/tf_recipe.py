@@ -21,7 +21,7 @@ def _correct(logits, labels):
 
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
     """Model, optimizer, loss and data for one worker; the adapter wires up Horovod."""
-    train, val, num_classes = load_datasets(config, channels_first=False)
+    train, val, num_classes = load_datasets(config, ctx, channels_first=False)
     keras.utils.set_random_seed(config.train.seed)  # identical init everywhere; rank 0's weights are broadcast anyway
     model = build_model(config.model.name, (*train.image_size, train.channels), num_classes)
     return hvdtrain.TrainTask(

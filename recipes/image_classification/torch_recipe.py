@@ -13,7 +13,7 @@ from recipes.image_classification.torch_models import build_model
 
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
     """Model, optimizer, loss and data for one worker; the adapter wires up Horovod."""
-    train, val, num_classes = load_datasets(config, channels_first=True)
+    train, val, num_classes = load_datasets(config, ctx, channels_first=True)
     torch.manual_seed(config.train.seed)  # identical init everywhere; rank 0's weights are broadcast anyway
     model = build_model(config.model.name, train.channels, train.image_size, num_classes)
     return hvdtrain.TrainTask(

@@ -1,0 +1,65 @@
+"""Baseline: the usual alternative, ``torchrun`` + ``DistributedDataParallel`` over Gloo.
+
+Same model (the image recipe's), data, batch, seed and sharding as the hvdtrain side; DDP overlaps
+its bucketed gradient allreduce with the backward pass. One intra-op thread per rank.
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/ddp_torch_loop.py --samples 4096 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+import common
+from recipes.image_classification.torch_models import build_model
+
+
+def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,
+                model_name: str = common.MODEL) -> list[float]:
+    """One epoch over this rank's shard of ``x``; returns the time each step ended."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    model = DistributedDataParallel(build_model(model_name, x.shape[1], (x.shape[2], x.shape[3]), 10))  # distributed
+    optimizer = torch.optim.SGD(model.parameters(), lr=common.LR * dist.get_world_size(), momentum=0.9)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    shard = order[dist.get_rank()::dist.get_world_size()]  # distributed: this rank's samples
+    model.train()
+    ends = []
+    for start in range(0, len(shard), batch):
+        idx = shard[start:start + batch]
+        optimizer.zero_grad()
+        F.cross_entropy(model(xt[idx]), yt[idx]).backward()  # distributed: bucketed allreduce overlaps backward
+        optimizer.step()
+        ends.append(time.perf_counter())
+    return ends
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--batch-size", type=int, default=common.BATCH)
+    parser.add_argument("--json", default=None, help="write {'rate': samples/s per worker} here (rank 0)")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")  # distributed
+    x, y, _, _ = common.mnist_arrays(args.samples)
+    rate = common.steady_rate(train_epoch(x, y, args.batch_size), args.batch_size)
+    rates = [None] * dist.get_world_size()
+    dist.all_gather_object(rates, rate)  # distributed
+    if dist.get_rank() == 0:
+        print(f"torchrun + DDP (gloo): {np.mean(rates):.1f} samples/s per worker on {len(rates)} worker(s)")
+        if args.json:
+            common.write_json(args.json, {"rate": float(np.mean(rates)), "rank_rates": rates,
+                                          "world_size": len(rates)})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

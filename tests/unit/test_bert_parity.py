@@ -1,0 +1,82 @@
+"""bert-finetune: the torch and TensorFlow models built from the same directory agree before training.
+
+Both are built by the recipe's own loaders (``torch_recipe.load_model``, ``tf_recipe.load_model``)
+from one Hugging Face directory, with the classifier head drawn from the same seed, and fed the
+same token ids from the one tokenisation path. Tolerances (absolute, float32):
+
+* tiny BERT with ``hidden_act=gelu_pytorch_tanh`` (the GELU keras-hub computes): logits 1e-5,
+  last hidden states 1e-4 (measured: 1e-8 and 1e-6);
+* the embedded MiniLM (exact ``gelu`` in torch, keras-hub's tanh approximation in TensorFlow):
+  logits 5e-4, last hidden states 2e-2 with values up to about 6 (measured: 7e-5 and 5e-3).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from jobs import REPO
+
+sys.path.insert(0, str(REPO / "tests" / "distributed" / "workers"))
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("keras_hub")
+
+from bert_tiny_model import make_tiny_bert, movie_sentences  # noqa: E402
+
+from recipes.bert_finetune import pretrained, tokenized  # noqa: E402
+
+LABELS = ["negative", "positive"]
+
+
+def _outputs(model_dir, texts, seed=42):
+    from recipes.bert_finetune import tf_recipe, torch_recipe
+
+    tokenizer = tokenized.load_tokenizer(model_dir, 64)
+    ids, segments = tokenized.encode(tokenizer, texts)
+    pad = tokenized.pad_id(model_dir)
+    torch_inputs = tokenized.pad_batch(ids, segments, pad, 8, 64)
+    keras_inputs = tokenized.pad_batch(ids, segments, pad, 8, 64, tokenized.KERAS_HUB_INPUTS, "int32")
+    assert np.array_equal(torch_inputs["input_ids"], keras_inputs["token_ids"])
+
+    torch_model = torch_recipe.load_model(model_dir, LABELS, seed).eval()
+    with torch.no_grad():
+        out = torch_model(**{k: torch.from_numpy(v) for k, v in torch_inputs.items()}, output_hidden_states=True)
+    keras_model = tf_recipe.load_model(model_dir, pretrained.read_model_config(model_dir), LABELS, seed)
+    keras_logits = np.asarray(keras_model(keras_inputs, training=False))
+    keras_hidden = np.asarray(keras_model.backbone(keras_inputs, training=False)["sequence_output"])
+    real = torch_inputs["attention_mask"].astype(bool)  # padded positions carry no meaning
+    return (out.logits.numpy(), keras_logits, out.hidden_states[-1].numpy()[real], keras_hidden[real])
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    train, val = movie_sentences(300, 24)
+    return train.texts, val.texts
+
+
+def test_tiny_bert_same_logits_in_both_frameworks(tmp_path, sentences):
+    train_texts, texts = sentences
+    model_dir = make_tiny_bert(tmp_path / "tiny", train_texts, hidden_act="gelu_pytorch_tanh")
+    torch_logits, keras_logits, torch_hidden, keras_hidden = _outputs(model_dir, texts)
+    assert np.abs(torch_logits).max() > 1e-3  # the head is really there, logits are not all zero
+    np.testing.assert_allclose(keras_logits, torch_logits, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(keras_hidden, torch_hidden, rtol=0, atol=1e-4)
+
+
+def test_embedded_minilm_same_logits_in_both_frameworks(sentences):
+    _, texts = sentences
+    torch_logits, keras_logits, torch_hidden, keras_hidden = _outputs(pretrained.embedded_model_dir(), texts)
+    assert np.abs(torch_hidden).max() > 1.0
+    np.testing.assert_allclose(keras_logits, torch_logits, rtol=0, atol=5e-4)
+    np.testing.assert_allclose(keras_hidden, torch_hidden, rtol=0, atol=2e-2)
+
+
+def test_head_depends_on_seed_only():
+    a, bias = pretrained.head_weights(16, 3, seed=7)
+    assert a.shape == (16, 3) and a.dtype == np.float32 and not bias.any()
+    assert np.array_equal(a, pretrained.head_weights(16, 3, seed=7)[0])
+    assert not np.array_equal(a, pretrained.head_weights(16, 3, seed=8)[0])

