@@ -74,11 +74,12 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in results["rows"] if "ratios" in r]
+    floor = 1e-4  # a log axis cannot show 0 (e.g. no data wait at all): drawn at the left edge
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.5))
     for i, r in enumerate(rows):
         colour = {True: "tab:green", False: "tab:red", None: "tab:gray"}[r["met"]]
-        ax.barh(i, r["ratio"], color=colour, alpha=0.35)
-        ax.plot(r["ratios"], [i] * len(r["ratios"]), "o", color=colour, markersize=4)
+        ax.barh(i, max(r["ratio"], floor), color=colour, alpha=0.35)
+        ax.plot([max(x, floor) for x in r["ratios"]], [i] * len(r["ratios"]), "o", color=colour, markersize=4)
         target = r.get("target") or ""
         number = target.replace(">=", "").replace("<=", "").replace("<", "").replace("~", "").split()[0] \
             if target and target[0] in "<>~" else None

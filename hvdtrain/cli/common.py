@@ -14,7 +14,12 @@ USER_ERRORS = (ConfigError, RecipeError, ValueError, LookupError, ImportError, R
 
 
 def fail(exc: BaseException) -> None:
-    """Print ``hvdtrain: error: ...`` and exit: 2 for bad config or names, 1 for anything else."""
+    """Print ``hvdtrain: error: ...`` and exit: 2 for bad config or names, 1 for anything else.
+    ``HVDTRAIN_TRACEBACK=1`` also prints the traceback."""
+    if os.environ.get("HVDTRAIN_TRACEBACK"):
+        import traceback
+
+        traceback.print_exception(exc)
     click.echo(f"hvdtrain: error: {exc}", err=True)
     sys.exit(2 if isinstance(exc, (ConfigError, RecipeError)) else 1)
 

@@ -35,10 +35,12 @@ from hvdtrain.core.registry import get_recipe, list_recipes
 @click.option("--text-column", default=None, help="Text recipes: column/key holding the text (text.text_column).")
 @click.option("--label-column", default=None, help="Text recipes: column/key holding the label (text.label_column).")
 @click.option("--max-length", type=int, default=None, help="Text recipes: truncate to N tokens (text.max_length).")
+@click.option("--elastic", is_flag=True, default=None, help="Horovod elastic training (train.elastic); launch "
+              "with horovodrun --min-np/--max-np --host-discovery-script.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key, e.g. --set optim.warmup_epochs=1 (repeatable).")
 def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, output, resume, fp16_allreduce,
-                   timeline, model, text_column, label_column, max_length, overrides) -> None:
+                   timeline, model, text_column, label_column, max_length, elastic, overrides) -> None:
     """Train recipe NAME (see `hvdtrain recipes`), or the recipe in the Python file NAME (my_recipe.py)."""
     from hvdtrain.core.loop import train
 
@@ -50,7 +52,8 @@ def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, o
                              train__batch_size=batch_size, optim__lr=lr, checkpoint__resume=resume or None,
                              train__fp16_allreduce=fp16_allreduce or None, model__name=model,
                              text__text_column=text_column, text__label_column=label_column,
-                             text__max_length=max_length, comm__timeline=timeline)
+                             text__max_length=max_length, comm__timeline=timeline,
+                             train__elastic=elastic or None)
         train(config)
     except USER_ERRORS as exc:
         fail(exc)

@@ -99,6 +99,22 @@ class FrameworkAdapter(ABC):
         """Restore what :meth:`rng_state` returned."""
 
     @abstractmethod
+    def context(self) -> DistContext:
+        """This process's place in the job as Horovod sees it now (it changes in elastic mode)."""
+
+    @abstractmethod
+    def snapshot(self) -> Any:
+        """An in-memory copy of model and optimizer state (elastic commits)."""
+
+    @abstractmethod
+    def restore_snapshot(self, snapshot: Any) -> None:
+        """Put back what :meth:`snapshot` returned."""
+
+    @abstractmethod
+    def elastic_reset(self) -> None:
+        """Shut Horovod down and initialise it again with the new set of workers."""
+
+    @abstractmethod
     def state_is_finite(self) -> bool:
         """True if every model parameter is finite (checked before a checkpoint is written)."""
 

@@ -151,7 +151,7 @@ def run_bench(config: Any, settings: BenchSettings) -> tuple[BenchResult, int]:
 def format_result(result: BenchResult) -> str:
     """Horovod-style report: samples/s per worker and in total."""
     w, s = result.per_worker, result.settings
-    extras = [f"fp16 allreduce" if result.fp16_allreduce else "",
+    extras = ["fp16 allreduce" if result.fp16_allreduce else "",
               f"mixed precision {result.mixed_precision}" if result.mixed_precision != "none" else "",
               "Adasum" if result.comm.get("reduction") == "adasum" else ""]
     lines = [

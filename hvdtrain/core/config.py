@@ -102,6 +102,10 @@ class TrainConfig:
     stall_timeout_sec: float | None = _f(None, "end the job with an error naming the ranks that did not arrive "
                                          "when no step finishes for this long (must exceed the longest "
                                          "checkpoint write or evaluation)", min=1.0)
+    elastic: bool = _f(False, "Horovod elastic mode (launch with horovodrun --min-np/--max-np and a host "
+                       "discovery script): survivors of a failed worker continue, returning hosts rejoin")
+    elastic_commit_every: int = _f(20, "elastic mode: commit the in-memory state every N optimizer steps "
+                                   "(work since the last commit is redone after a failure)", min=1)
     deterministic: bool = _f(False, "ask the framework for deterministic kernels (bitwise reproducible runs)")
 
 
@@ -146,6 +150,11 @@ class CommConfig:
     reduction: str = _f("average", "how gradients are combined across workers: 'average' (allreduce mean) or "
                         "'adasum' (Horovod's Adasum; needs the MPI controller: horovodrun --mpi or mpirun; usually "
                         "with optim.lr_scaling=none)", choices=("average", "adasum"))
+    overlap: str = _f("auto", "whether gradient allreduces overlap the backward pass: 'always' (each gradient as soon "
+                      "as it exists, Horovod's default), 'never' (all in one fused allreduce after the backward pass), "
+                      "'auto' (always on GPUs; never on CPUs whose cores the workers' intra-op threads already fill, "
+                      "where the allreduce only competes with the backward pass for the same cores)",
+                      choices=("auto", "always", "never"))
     fusion_threshold_mb: float | None = _f(None, "tensor-fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD): small "
                                            "gradients are packed into one allreduce up to this size; 0 turns "
                                            "fusion off; None keeps Horovod's 128", min=0.0, max=4096.0)

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hvdtrain.core.comm import horovod_comm_variables
+
 LAUNCHER_VARIABLES = (
     "HOROVOD_RANK",  # horovodrun --gloo
     "HOROVOD_GLOO_RENDEZVOUS_ADDR",
@@ -29,28 +31,6 @@ def under_launcher(environ: dict[str, str] | None = None) -> bool:
     """True if a launcher (horovodrun, mpirun, srun) started this process."""
     env = os.environ if environ is None else environ
     return any(name in env for name in LAUNCHER_VARIABLES)
-
-
-def horovod_comm_variables(comm: Any) -> dict[str, str]:
-    """The Horovod environment variables a :class:`~hvdtrain.core.config.CommConfig` sets.
-
-    Options left at None/false are absent, so what ``horovodrun`` (``--fusion-threshold-mb``,
-    ``--timeline-filename``, ``--autotune``, ...) or the user exported stays in force.
-    """
-    env: dict[str, str] = {}
-    if comm.fusion_threshold_mb is not None:
-        env["HOROVOD_FUSION_THRESHOLD"] = str(int(round(comm.fusion_threshold_mb * 1024 * 1024)))
-    if comm.cycle_time_ms is not None:
-        env["HOROVOD_CYCLE_TIME"] = f"{comm.cycle_time_ms:g}"
-    if comm.autotune:
-        env["HOROVOD_AUTOTUNE"] = "1"
-    if comm.autotune_log:
-        env["HOROVOD_AUTOTUNE_LOG"] = str(Path(comm.autotune_log).expanduser().absolute())
-    if comm.timeline:
-        env["HOROVOD_TIMELINE"] = str(Path(comm.timeline).expanduser().absolute())
-    if comm.timeline_mark_cycles:
-        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
-    return env
 
 
 def prepare_horovod_environment(config: Any = None) -> dict[str, str]:
@@ -70,15 +50,3 @@ def prepare_horovod_environment(config: Any = None) -> dict[str, str]:
     os.environ.update(env)
     return env
 
-
-def reduction_problem(comm: Any, size: int, mpi_enabled: bool) -> str | None:
-    """Why ``comm.reduction`` cannot run in this job (None if it can). Horovod 0.28 implements
-    Adasum on CPU only over MPI, and only for a power-of-2 number of workers."""
-    if comm.reduction != "adasum" or size == 1:
-        return None
-    if not mpi_enabled:
-        return ("comm.reduction: 'adasum' needs Horovod's MPI controller (horovodrun --mpi or mpirun); this job "
-                "runs on Gloo. Use comm.reduction=average or launch with MPI")
-    if size & (size - 1):
-        return f"comm.reduction: 'adasum' needs a power-of-2 number of workers, this job has {size}"
-    return None

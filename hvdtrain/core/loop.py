@@ -73,6 +73,19 @@ class Position:
 
 
 @dataclass
+class TrainingState:
+    """What training carries between steps and, in elastic mode, between worker-set changes."""
+
+    position: Position
+    history: list[dict[str, Any]]
+    carried: dict[str, Any] | None = None
+    last_checkpoint: Path | None = None
+
+    def commit(self) -> None:
+        """A point training could be rolled back to (a no-op outside elastic mode)."""
+
+
+@dataclass
 class EpochStats:
     """This rank's running totals for one training epoch."""
 
@@ -206,44 +219,80 @@ class Trainer:
         self.manager = CheckpointManager(output / "checkpoints", cfg.checkpoint.keep_last,
                                          cfg.checkpoint.best_metric, cfg.checkpoint.best_mode)
 
-        plan = adapter.broadcast_object(_plan_start(cfg, self.manager, output) if ctx.is_main else None)
+        elastic = cfg.train.elastic
+        if elastic:
+            # Before the elastic loop every step must be local: a worker that joins later runs this
+            # prelude while the others are already inside the loop. Rank 0's position and weights
+            # reach the others in the elastic state's first sync.
+            plan = _plan_start(cfg, self.manager, output) if ctx.is_main else {"checkpoint": None}
+        else:
+            plan = adapter.broadcast_object(_plan_start(cfg, self.manager, output) if ctx.is_main else None)
         if plan.get("error"):
             raise TrainingError(plan["error"])
         for note in plan.get("notes", []):
             gate.warn(note)
 
+        self.watchdog.beat(0, "building the recipe's model and data")
         task = builder(cfg, ctx)
         n_train = len(task.train_data)
         if n_train < ctx.size:
             raise TrainingError(f"{n_train} training samples cannot be shared by {ctx.size} workers")
         if len(task.val_data) == 0:
             raise TrainingError("the validation set is empty")
+        self.watchdog.beat(0, "preparing the model and optimizer")
         adapter.prepare(task, cfg)
+        self.watchdog.beat(0, "restoring the checkpoint")
 
-        per_rank = sharding.shard_size(n_train, ctx.size, cfg.data.remainder)
-        micro_steps = math.ceil(per_rank / cfg.train.batch_size)
-        opt_steps_per_epoch = math.ceil(micro_steps / cfg.train.grad_accumulation)
-        schedule = build_schedule(cfg.optim, ctx.size, opt_steps_per_epoch, cfg.train.epochs)
-
-        position, history, carried = self._restore(plan, opt_steps_per_epoch)
-        adapter.broadcast_state(root_rank=0)
+        position, history, carried = self._restore(plan, self._steps(task)[1], collective=not elastic)
+        if not elastic:
+            adapter.broadcast_state(root_rank=0)
         if ctx.is_main:
             atomic_write_text(output / CONFIG_FILE, dump_yaml(cfg))
-        gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {n_train} train / "
+        state = TrainingState(position, history, carried,
+                              Path(plan["checkpoint"]) if plan.get("checkpoint") else None)
+        if cfg.train.elastic:
+            from hvdtrain.core.elastic import run_elastic
+
+            result = run_elastic(self, lambda st: self._run_epochs(task, st), state)
+        else:
+            result = self._run_epochs(task, state)
+        if task.export is not None and self.ctx.is_main:
+            task.export(output)
+        self.callbacks.on_train_end(result)
+        final = result.final
+        self.gate.print(f"hvdtrain: done {cfg.recipe}/{cfg.framework} np={self.ctx.size} epochs={cfg.train.epochs} "
+                        + " ".join(f"{k}={final[k]:.4f}" for k in final if k.startswith("val_"))
+                        + (f" samples/s={final['samples_per_sec']:.0f}" if final else "")
+                        + f" output={output}")
+        return result
+
+    def _steps(self, task: Any) -> tuple[int, int]:
+        """Micro-batches and optimizer steps per epoch at the current world size."""
+        cfg = self.config
+        per_rank = sharding.shard_size(len(task.train_data), self.ctx.size, cfg.data.remainder)
+        micro_steps = math.ceil(per_rank / cfg.train.batch_size)
+        return micro_steps, math.ceil(micro_steps / cfg.train.grad_accumulation)
+
+    def _run_epochs(self, task: Any, state: "TrainingState") -> RunResult:
+        """The epochs from ``state.position`` on. In elastic mode Horovod calls this again after a
+        worker joins or leaves, with the state of the last commit and a new world size."""
+        cfg, adapter, ctx, gate = self.config, self.adapter, self.ctx, self.gate
+        micro_steps, opt_steps_per_epoch = self._steps(task)
+        schedule = build_schedule(cfg.optim, ctx.size, opt_steps_per_epoch, cfg.train.epochs)
+        position = state.position
+        gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {len(task.train_data)} train / "
                    f"{len(task.val_data)} val samples, {micro_steps} steps/epoch of {cfg.train.batch_size} "
                    f"per worker, peak LR {schedule.peak_lr:g}")
-
-        last_checkpoint = Path(plan["checkpoint"]) if plan.get("checkpoint") else None
-        self.callbacks.on_train_begin(ctx, {"config": cfg, "output": output, "start_epoch": position.epoch,
+        self.callbacks.on_train_begin(ctx, {"config": cfg, "output": self.output, "start_epoch": position.epoch,
                                             "steps_per_epoch": micro_steps, "world_size": ctx.size})
         global_step = position.step
         for epoch in range(position.epoch, cfg.train.epochs):
             started = time.perf_counter()
             resumed_here = epoch == position.epoch and position.consumed > 0
             stats = EpochStats(global_step=global_step)
-            if resumed_here and carried:
-                stats.loss_sum, stats.samples = carried["loss_sum"], carried["samples"]
-            self._train_epoch(task, epoch, schedule, stats, position.consumed if resumed_here else 0)
+            if resumed_here and state.carried:
+                stats.loss_sum, stats.samples = state.carried["loss_sum"], state.carried["samples"]
+            self._train_epoch(task, epoch, schedule, stats, position.consumed if resumed_here else 0, state)
             global_step = stats.global_step
             totals = adapter.allreduce_sums({"loss_sum": stats.loss_sum, "samples": float(stats.samples),
                                              "time": time.perf_counter() - started,
@@ -261,29 +310,21 @@ class Trainer:
             }
             if totals["skipped"]:
                 record["skipped_updates"] = int(totals["skipped"] / ctx.size)
-            history.append(record)
+            state.history.append(record)
             if cfg.checkpoint.enabled:
                 saved = self._save_checkpoint(f"epoch-{epoch + 1:04d}", Position(epoch + 1, 0, stats.global_step),
                                               EpochStats(stats.global_step), record)
-                last_checkpoint = saved or last_checkpoint
-            gate.append_jsonl(output / METRICS_FILE, record)
+                state.last_checkpoint = saved or state.last_checkpoint
+            gate.append_jsonl(self.output / METRICS_FILE, record)
             self.callbacks.on_epoch_end(epoch, record)
             gate.print("epoch {epoch}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
                        "val_accuracy {acc:.4f} {samples_per_sec:.0f} samples/s".format(
                            acc=record.get("val_accuracy", float("nan")), **record))
+            state.position, state.carried = Position(epoch + 1, 0, stats.global_step), None
+            state.commit()
+        return RunResult(self.output, state.history, state.last_checkpoint, ctx.size)
 
-        result = RunResult(output, history, last_checkpoint, ctx.size)
-        if task.export is not None and ctx.is_main:
-            task.export(output)
-        self.callbacks.on_train_end(result)
-        final = result.final
-        gate.print(f"hvdtrain: done {cfg.recipe}/{cfg.framework} np={ctx.size} epochs={cfg.train.epochs} "
-                   + " ".join(f"{k}={final[k]:.4f}" for k in final if k.startswith("val_"))
-                   + (f" samples/s={final['samples_per_sec']:.0f}" if final else "")
-                   + f" output={output}")
-        return result
-
-    def _restore(self, plan: dict[str, Any], opt_steps_per_epoch: int):
+    def _restore(self, plan: dict[str, Any], opt_steps_per_epoch: int, collective: bool = True):
         """Load the planned checkpoint (rank 0), hand every rank its RNG state and partial-epoch
         totals, and return the position, the metrics history and this rank's carried totals."""
         cfg, ctx, adapter, gate = self.config, self.ctx, self.adapter, self.gate
@@ -299,7 +340,7 @@ class Trainer:
             atomic_write_text(self.output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
             if (path / RANK_STATE_FILE).is_file():
                 rank_states = json.loads((path / RANK_STATE_FILE).read_text())
-        rank_states = adapter.broadcast_object(rank_states)
+        rank_states = adapter.broadcast_object(rank_states) if collective else None
         saved_size = int(manifest.get("world_size", ctx.size))
         where = (f"epoch {position.epoch + 1}, after {position.consumed} samples"
                  if position.consumed else f"epoch {position.epoch + 1}")
@@ -315,7 +356,8 @@ class Trainer:
                    f"{ctx.size}: the rest of the epoch is resharded, the LR rescaled and random streams reseeded)")
         return position, history, None
 
-    def _train_epoch(self, task: Any, epoch: int, schedule: Any, stats: EpochStats, start: int) -> None:
+    def _train_epoch(self, task: Any, epoch: int, schedule: Any, stats: EpochStats, start: int,
+                     state: "TrainingState") -> None:
         """One pass over this rank's shard from position ``start``: LR per optimizer step,
         accumulation, fault injection, mid-epoch checkpoints and progress lines."""
         cfg, adapter, ctx = self.config, self.adapter, self.ctx
@@ -354,10 +396,14 @@ class Trainer:
             if cfg.train.log_every and (i + 1) % cfg.train.log_every == 0:
                 self.gate.print(f"epoch {epoch + 1}/{cfg.train.epochs} step {i + 1}/{len(batch_list)} "
                                 f"loss {loss:.4f} lr {stats.lr:.4g} {rate:.0f} samples/s")
+            consumed = start + (i + 1) * cfg.train.batch_size * ctx.size
             if apply and every and stats.global_step % every == 0 and i < len(batch_list) - 1:
-                consumed = start + (i + 1) * cfg.train.batch_size * ctx.size
                 self._save_checkpoint(f"step-{stats.global_step:08d}", Position(epoch, consumed, stats.global_step),
                                       stats, None)
+            if apply and cfg.train.elastic and stats.global_step % cfg.train.elastic_commit_every == 0:
+                state.position = Position(epoch, consumed, stats.global_step)
+                state.carried = {"loss_sum": stats.loss_sum, "samples": stats.samples}
+                state.commit()  # distributed: may raise to let Horovod add or remove workers here
 
     def _save_checkpoint(self, name: str, position: Position, stats: EpochStats,
                          record: dict[str, Any] | None) -> Path | None:

@@ -19,8 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
+from hvdtrain.core.comm import overlap_gradients, reduction_problem
 from hvdtrain.core.config import ConfigError
-from hvdtrain.core.launch import prepare_horovod_environment, reduction_problem
+from hvdtrain.core.launch import prepare_horovod_environment
 
 MODEL_FILE = "model_variables.npz"  # every model variable, dropout seed state included
 OPTIMIZER_FILE = "optimizer.npz"
@@ -81,6 +82,10 @@ class TensorFlowAdapter(FrameworkAdapter):
         if problem:
             raise ConfigError(problem)
         self.reduce_op = hvd.Adasum if config.comm.reduction == "adasum" and hvd.size() > 1 else hvd.Average
+        overlap = overlap_gradients(config.comm, bool(tf.config.list_logical_devices("GPU")), hvd.local_size(),
+                                    tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1),
+                                    os.cpu_count() or 1)
+        self.gradient_groups = None if overlap else 1
         if not self.model.built:
             sample, _ = task.train_data.get_batch(np.arange(1), 0)
             self.model(_as_tensor(sample), training=False)
@@ -117,7 +122,7 @@ class TensorFlowAdapter(FrameworkAdapter):
         variables = tf_variables(self.trainable)
         if not self.accumulators:
             tape = hvd.DistributedGradientTape(tape, compression=self.compression,  # distributed: allreduce
-                                               sparse_as_dense=True, op=self.reduce_op)
+                                               sparse_as_dense=True, op=self.reduce_op, groups=self.gradient_groups)
             grads = tape.gradient(scaled, variables)
         else:
             local = tape.gradient(scaled, variables)
@@ -187,6 +192,21 @@ class TensorFlowAdapter(FrameworkAdapter):
         from keras.src.random.seed_generator import global_seed_generator
 
         global_seed_generator().state.assign(np.asarray(state["keras_global_seed"], dtype=np.int64))
+
+    def context(self) -> DistContext:
+        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+        return self.ctx
+
+    def snapshot(self) -> Any:
+        return [np.array(v.numpy()) for v in list(self.model.variables) + list(self.optimizer.variables)]
+
+    def restore_snapshot(self, snapshot: Any) -> None:
+        for variable, value in zip(list(self.model.variables) + list(self.optimizer.variables), snapshot):
+            variable.assign(value)
+
+    def elastic_reset(self) -> None:
+        hvd.shutdown()
+        hvd.init()
 
     def state_is_finite(self) -> bool:
         return all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables)

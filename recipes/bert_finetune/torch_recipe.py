@@ -70,7 +70,7 @@ def metric_sums(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.T
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
     """Model, optimizer, loss and data for one worker; the adapter wires up Horovod."""
     data = common.prepare(config, ctx, TORCH_INPUTS, dtype="int64")
-    torch.manual_seed(config.train.seed)  # dropout and any other head init alike everywhere; rank 0's weights are broadcast
+    torch.manual_seed(config.train.seed)  # same dropout stream everywhere; rank 0's weights are broadcast
     model = load_model(data.model_dir, data.labels, config.train.seed)
     wrapped = LogitsOnly(model)
 

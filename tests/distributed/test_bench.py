@@ -1,12 +1,14 @@
 """`hvdtrain bench` and the `comm` options under real `horovodrun -np 2 -H localhost:2`.
 
-* torch bench (Gloo) with comm.fusion_threshold_mb=0, comm.cycle_time_ms=40 and cycle marks: rank 0
-  alone prints the per-worker and total lines; the JSON holds both ranks' rates; Horovod's timeline
-  shows every gradient reduced on its own (no fusion-buffer copies) and cycles >= 40 ms apart.
+* torch bench (Gloo) with comm.overlap=always, comm.fusion_threshold_mb=0, comm.cycle_time_ms=40 and
+  cycle marks: rank 0 alone prints the per-worker and total lines; the JSON holds both ranks' rates;
+  Horovod's timeline shows every gradient reduced on its own (no fusion-buffer copies) and cycles
+  >= 40 ms apart.
 * TensorFlow bench (Gloo) with fp16 compression and autotune: every gradient allreduce in the
   timeline is float16 (half the bytes), gradients are fused (default threshold), and Horovod
   started the autotune log.
-* `hvdtrain recipe --timeline-file`: a parseable timeline with one allreduce per torch parameter.
+* `hvdtrain recipe --timeline-file` with comm.overlap=never: a parseable timeline in which every torch
+  parameter's gradient is part of one grouped allreduce per step.
 * Adasum (MPI, both frameworks): the run learns MNIST and parameters are identical on both ranks;
   under Gloo it is refused with a message naming MPI.
 * `hvdtrain bench --np 1,2` prints a scaling table.
@@ -37,7 +39,7 @@ def gradient_allreduces(path, exclude=("hvdtrain.",)):
 def test_torch_bench_no_fusion_and_slow_cycles(tmp_path):
     out, trace = tmp_path / "bench.json", tmp_path / "timeline.json"
     proc = horovodrun([hvdtrain_cli(), "bench", "--framework", "torch", *TINY_BENCH, "--json", out,
-                       "--timeline-file", trace, "--set", "comm.fusion_threshold_mb=0",
+                       "--timeline-file", trace, "--set", "comm.overlap=always", "--set", "comm.fusion_threshold_mb=0",
                        "--set", "comm.cycle_time_ms=40", "--set", "comm.timeline_mark_cycles=true"], timeout=300)
     assert proc.stdout.count("Samples/s per worker:") == 1
     assert proc.stdout.count("Total samples/s on 2 worker(s):") == 1
@@ -77,12 +79,16 @@ def test_recipe_timeline_file(tmp_path):
     trace = tmp_path / "trace" / "timeline.json"
     horovodrun([hvdtrain_cli(), "recipe", "image-classification", "--framework", "torch", "--output", tmp_path / "run",
                 "--epochs", "1", "--timeline-file", trace, "--set", "data.max_train_samples=256",
-                "--set", "data.max_val_samples=64", "--set", "train.log_every=0",
-                "--set", "checkpoint.enabled=false"], timeout=300)
+                "--set", "data.max_val_samples=64", "--set", "train.log_every=0", "--set", "comm.overlap=never",
+                "--set", "checkpoint.enabled=false", "--set", "train.tensorboard=false"], timeout=300)
     json.loads(trace.read_text())  # complete JSON once the job has ended
     _, ops = gradient_allreduces(trace)
     names = {a.tensor for a in ops}
-    assert {"allreduce.features.0.weight", "allreduce.classifier.3.bias"} <= names, sorted(names)
+    assert names == {f"grouped_allreduce.features.0.weight_{k}of8" for k in range(1, 9)}, sorted(names)
+    per_tensor = {a.tensor: 0 for a in ops}
+    for a in ops:
+        per_tensor[a.tensor] += 1
+    assert len(set(per_tensor.values())) == 1  # every step reduced all 8 gradients together
 
 
 @pytest.mark.distributed
@@ -91,7 +97,8 @@ def test_adasum_learns_and_keeps_ranks_identical(tmp_path, framework):
     report = tmp_path / "report.json"
     horovodrun(["python", WORKER, report, framework, f"output={tmp_path / 'run'}", "comm.reduction=adasum",
                 "optim.lr_scaling=none", "train.epochs=1", "train.batch_size=32", "data.max_train_samples=2000",
-                "data.max_val_samples=500", "train.log_every=0", "train.threads=1", "checkpoint.enabled=false"],
+                "data.max_val_samples=500", "train.log_every=0", "train.threads=1", "checkpoint.enabled=false",
+                "train.tensorboard=false", "train.progress_bar=false"],
                controller="mpi", timeout=400)
     data = json.loads(report.read_text())
     assert data["world_size"] == 2

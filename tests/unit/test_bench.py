@@ -13,7 +13,8 @@ from hvdtrain.core import timeline
 from hvdtrain.core.bench import (BenchResult, format_result, format_scaling, scaling_efficiency, summarize,
                                  t_quantile, timed_iterations)
 from hvdtrain.core.config import ConfigError, load_config
-from hvdtrain.core.launch import horovod_comm_variables, prepare_horovod_environment, reduction_problem
+from hvdtrain.core.comm import horovod_comm_variables, overlap_gradients, reduction_problem
+from hvdtrain.core.launch import prepare_horovod_environment
 
 
 def test_summary_uses_student_t_interval():
@@ -125,3 +126,15 @@ def test_reduction_problem():
     assert "MPI controller" in reduction_problem(comm, 2, False)
     assert "power-of-2" in reduction_problem(comm, 3, True)
     assert reduction_problem(load_config(None).comm, 3, False) is None
+
+
+@pytest.mark.parametrize("setting, gpu, workers, threads, cores, expected", [
+    ("auto", False, 2, 1, 2, False),  # every core busy with compute: reduce after the backward pass
+    ("auto", False, 1, 1, 2, True),  # a spare core for Horovod's background thread: overlap
+    ("auto", True, 8, 16, 16, True),  # GPUs: overlap
+    ("always", False, 2, 1, 2, True),
+    ("never", True, 1, 1, 16, False),
+])
+def test_overlap_decision(setting, gpu, workers, threads, cores, expected):
+    comm = load_config(None, overrides=[f"comm.overlap={setting}"]).comm
+    assert overlap_gradients(comm, gpu, workers, threads, cores) is expected

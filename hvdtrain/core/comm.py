@@ -1,0 +1,57 @@
+"""The ``comm`` config section turned into what Horovod needs: environment variables read at
+``hvd.init()``, the reduction op's requirements, and whether gradients are reduced while the
+backward pass runs or all together after it. Framework-neutral; both adapters use it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def horovod_comm_variables(comm: Any) -> dict[str, str]:
+    """The Horovod environment variables a :class:`~hvdtrain.core.config.CommConfig` sets.
+
+    Options left at None/false are absent, so what ``horovodrun`` (``--fusion-threshold-mb``,
+    ``--timeline-filename``, ``--autotune``, ...) or the user exported stays in force.
+    """
+    env: dict[str, str] = {}
+    if comm.fusion_threshold_mb is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(int(round(comm.fusion_threshold_mb * 1024 * 1024)))
+    if comm.cycle_time_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = f"{comm.cycle_time_ms:g}"
+    if comm.autotune:
+        env["HOROVOD_AUTOTUNE"] = "1"
+    if comm.autotune_log:
+        env["HOROVOD_AUTOTUNE_LOG"] = str(Path(comm.autotune_log).expanduser().absolute())
+    if comm.timeline:
+        env["HOROVOD_TIMELINE"] = str(Path(comm.timeline).expanduser().absolute())
+    if comm.timeline_mark_cycles:
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+    return env
+
+
+def reduction_problem(comm: Any, size: int, mpi_enabled: bool) -> str | None:
+    """Why ``comm.reduction`` cannot run in this job (None if it can). Horovod 0.28 implements
+    Adasum on CPU only over MPI, and only for a power-of-2 number of workers."""
+    if comm.reduction != "adasum" or size == 1:
+        return None
+    if not mpi_enabled:
+        return ("comm.reduction: 'adasum' needs Horovod's MPI controller (horovodrun --mpi or mpirun); this job "
+                "runs on Gloo. Use comm.reduction=average or launch with MPI")
+    if size & (size - 1):
+        return f"comm.reduction: 'adasum' needs a power-of-2 number of workers, this job has {size}"
+    return None
+
+
+def overlap_gradients(comm: Any, gpu: bool, workers_per_host: int, threads: int, cores: int) -> bool:
+    """Whether each gradient is allreduced as soon as the backward pass produces it (Horovod's
+    default) rather than all together in one fused allreduce after it.
+
+    ``comm.overlap='auto'`` overlaps on GPUs, and on CPUs only while a core is left over by the
+    workers' intra-op threads: Gloo's allreduce is CPU work (copies, sums, loopback or NIC
+    transfers), so on a fully used CPU it can only slow the backward pass it overlaps and be
+    slowed by it (measured in BENCHMARKS.md, items 2 and 4).
+    """
+    if comm.overlap != "auto":
+        return comm.overlap == "always"
+    return gpu or workers_per_host * threads < cores

@@ -1,0 +1,40 @@
+"""Elastic training under `horovodrun --min-np 1 --max-np 2 --host-discovery-script`: a worker is
+killed (SIGKILL), the survivor rolls back to the last commit and carries on alone, the host comes
+back after Horovod's blacklist cool-down, rejoins and receives the state; the run finishes.
+
+The two "hosts" are `localhost` and `127.0.0.1`: two names Horovod treats as separate hosts, both
+on this machine (no ssh needed)."""
+
+import json
+
+import pytest
+
+from jobs import BIN, hvdtrain_cli, run
+
+# 2,048 samples / 2 ranks / batch 16 = 64 steps per epoch (long enough for the host's cool-down and
+# return); commit every 2 steps; kill before step 10.
+ARGS = ["--batch-size", "16", "--set", "data.max_train_samples=2048", "--set", "data.max_val_samples=64",
+        "--set", "train.log_every=0", "--epochs", "3", "--elastic", "--set", "train.elastic_commit_every=2",
+        "--set", "train.stall_timeout_sec=60"]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_worker_killed_then_host_rejoins(tmp_path, framework):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    out = tmp_path / "run"
+    proc = run([BIN / "horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", discover,
+                "--network-interfaces", "lo", "--blacklist-cooldown-range", "5", "10",
+                hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--output", out, *ARGS],
+               env={"HVDTRAIN_FAULT": "kill:rank=1:step=10"}, timeout=420)
+    # the last commit before the kill was at step 10: 10 steps x 16 samples x 2 workers
+    assert "re-formed with 1 worker(s); continuing at epoch 1, after 320 samples" in proc.stdout
+    assert "re-formed with 2 worker(s)" in proc.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["world_size"] == 2
+    assert "hvdtrain: done" in proc.stdout
