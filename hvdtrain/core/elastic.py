@@ -18,10 +18,15 @@ from typing import Any, Callable
 
 from hvdtrain.core.rank0 import RankZeroGate
 
+# A failed collective inside a tf.function surfaces as TensorFlow's UnknownError with one of these
+# in its message, not as Horovod's HorovodInternalError (which Horovod's elastic loop expects).
+COLLECTIVE_FAILURE_MARKERS = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast", "Horovod has been shut down")
+
 
 def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
     """Run ``body(state)`` under Horovod's elastic driver with ``state`` committed and restored."""
     from horovod.common.elastic import State, run_fn  # only elastic runs need Horovod's elastic layer
+    from horovod.common.exceptions import HorovodInternalError
 
     adapter = trainer.adapter
 
@@ -65,5 +70,15 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
                                f"samples")
 
     trainer.watchdog.beat(state.position.step, "joining Horovod's elastic driver")
+    def guarded(elastic_state: Any) -> Any:
+        try:
+            return body(elastic_state)
+        except HorovodInternalError:
+            raise
+        except Exception as exc:
+            if any(marker in str(exc) for marker in COLLECTIVE_FAILURE_MARKERS):
+                raise HorovodInternalError(exc) from exc
+            raise
+
     elastic_state = ElasticTrainingState()
-    return run_fn(body, adapter.elastic_reset)(elastic_state)
+    return run_fn(guarded, adapter.elastic_reset)(elastic_state)

@@ -312,9 +312,11 @@ class Trainer:
                 record["skipped_updates"] = int(totals["skipped"] / ctx.size)
             state.history.append(record)
             if cfg.checkpoint.enabled:
+                save_started = time.perf_counter()
                 saved = self._save_checkpoint(f"epoch-{epoch + 1:04d}", Position(epoch + 1, 0, stats.global_step),
                                               EpochStats(stats.global_step), record)
                 state.last_checkpoint = saved or state.last_checkpoint
+                record["checkpoint_sec"] = time.perf_counter() - save_started  # rank 0: gather + write
             gate.append_jsonl(self.output / METRICS_FILE, record)
             self.callbacks.on_epoch_end(epoch, record)
             gate.print("epoch {epoch}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
