@@ -75,7 +75,17 @@ say "nvcc: $nvcc ($("$nvcc" --version | tail -1)); NCCL: $nccl_include, $nccl_so
 
 # --- 2. build Horovod with NCCL, torch only ----------------------------------------------------
 venv="$work/venv"
-[[ -x "$venv/bin/python" ]] || "$python" -m venv --system-site-packages "$venv"
+if [[ ! -x "$venv/bin/python" ]]; then
+  # $python may itself be a virtual environment (the GPU image's python3 is /opt/torch/.venv/bin/python3).
+  # A venv made from a venv gets the *base* interpreter's site-packages, not torch's, and that base may
+  # lack ensurepip. So: no pip of its own (python -m pip comes from $python's site-packages), and a .pth
+  # that adds $python's site-packages with site.addsitedir, which also runs their .pth files (setuptools'
+  # distutils shim: Horovod's torch CMake imports distutils, gone from Python >= 3.12).
+  "$python" -m venv --without-pip --system-site-packages "$venv" || die "could not create $venv"
+  venv_site="$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
+  "$python" -c 'import site; print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in site.getsitepackages()))' \
+    > "$venv_site/_hvdtrain_parent_site.pth"
+fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 for requirement in cloudpickle:cloudpickle psutil:psutil pyyaml:yaml packaging:packaging cffi:cffi click:click \
     pillow:PIL setuptools:setuptools wheel:wheel; do

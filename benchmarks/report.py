@@ -109,6 +109,10 @@ def write(results: dict, markdown: Path, png: Path) -> None:
                          load_before=" / ".join(f"{x:.1f}" for x in load.get("before", [])),
                          load_after=" / ".join(f"{x:.1f}" for x in load.get("after", [])))
     text += table(results)
+    text += "\nPer-row details (from the same run):\n\n" + "".join(
+        f"- **{r['item']}**: {r['note']}" + (f" Per-round ratios: {', '.join(f'{x:.3f}' for x in r['ratios'])}."
+                                            if r.get("ratios") else "") + "\n"
+        for r in results["rows"] if r.get("note") or r.get("ratios"))
     notes = HERE / "NOTES.md"
     if notes.is_file():
         text += "\n" + notes.read_text()

@@ -67,8 +67,9 @@ def run_item(item: str, rounds: int, raw: Path, log: Path) -> list[dict]:
         rows = []
         for framework in ("torch", "tensorflow"):
             out = raw / f"overhead_{framework}.json"
-            launch(horovodrun(2, "workers/overhead.py", framework, out, "--rounds", rounds + 1), log)
-            rows.append(analyze.overhead(json.loads(out.read_text())))
+            launch(horovodrun(2, "workers/overhead.py", framework, out, "--rounds", 2 * rounds,
+                              "--sides", "hvdtrain,baseline,hvdtrain_overlap"), log)
+            rows += analyze.overhead(json.loads(out.read_text()))
         return rows
     if item == "2":
         hvd_runs, ddp_runs = [], []

@@ -5,7 +5,8 @@ MNIST arrays, model, batch and seed, one intra-op thread per rank; each side's t
 measured from the end of step ``SKIP_STEPS`` to the last step of one epoch.
 
     horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 5
-    (--sides hvdtrain: only the hvdtrain side, for the comparison with torchrun + DDP)
+    (--sides hvdtrain: only the hvdtrain side, for the comparison with torchrun + DDP;
+     side hvdtrain_overlap: hvdtrain with comm.overlap=always, Horovod's per-gradient overlap)
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ class ClockCallback(hvdtrain.Callback):
         self.clock.tick()
 
 
-def hvdtrain_rate(framework: str, output: str) -> float:
+def hvdtrain_rate(framework: str, output: str, **extra) -> float:
     """One epoch through hvdtrain.train(); this rank's steady samples/s."""
-    config = hvdtrain.load_config(None, overrides=hvdtrain_overrides(output), recipe=common.MEMORY_RECIPE,
+    config = hvdtrain.load_config(None, overrides=hvdtrain_overrides(output, **extra), recipe=common.MEMORY_RECIPE,
                                   framework=framework)
     clock = StepClock()
     hvdtrain.train(config, callbacks=[ClockCallback(clock)])
@@ -43,7 +44,7 @@ def main() -> None:
     parser.add_argument("framework", choices=("torch", "tensorflow"))
     parser.add_argument("out")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--sides", default="hvdtrain,baseline")
     args = parser.parse_args()
     torch_layout = args.framework == "torch"
@@ -59,6 +60,8 @@ def main() -> None:
             for side in (sides if r % 2 == 0 else sides[::-1]):
                 if side == "hvdtrain":
                     rates[side] = hvdtrain_rate(args.framework, f"{tmp}/round{r}")
+                elif side == "hvdtrain_overlap":
+                    rates[side] = hvdtrain_rate(args.framework, f"{tmp}/overlap{r}", **{"comm.overlap": "always"})
                 else:
                     rates[side] = steady_rate(baseline.train_epoch(arrays[0], arrays[1]), BATCH)
             per_rank = hvd.allgather_object(rates)  # distributed
