@@ -142,3 +142,16 @@ def test_resume_into_an_incompatible_run_is_refused_and_changes_nothing(tmp_path
     proc = run(recipe(out, "--epochs", "2", "--resume") + change, check=False)
     assert proc.returncode == 1 and "cannot resume" in proc.stderr and needle in proc.stderr, proc.stderr
     assert tree_digest(out) == before
+
+
+@pytest.mark.distributed
+def test_resume_with_another_world_size_reshards_and_says_so(tmp_path):
+    out = tmp_path / "run"
+    args = ["--epochs", "1", "--set", "checkpoint.every_steps=2"]
+    crashed = horovodrun(recipe(out, *args), check=False, env={"HVDTRAIN_FAULT": "raise:rank=0:step=5"})
+    assert crashed.returncode != 0 and "step-00000004" in checkpoint_names(out)
+    resumed = run(recipe(out, *args, "--resume"))  # one process now
+    assert "saved with 2 workers, now 1" in resumed.stdout and "after 128 samples" in resumed.stdout
+    assert "peak LR 0.05" in resumed.stdout  # 0.05 x 1 worker instead of 0.05 x 2
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["world_size"] == 1 and row["epoch"] == 1 and np.isfinite(row["val_loss"])
