@@ -85,7 +85,9 @@ class TensorFlowAdapter(FrameworkAdapter):
         overlap = overlap_gradients(config.comm, bool(tf.config.list_logical_devices("GPU")), hvd.local_size(),
                                     tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1),
                                     os.cpu_count() or 1)
-        self.gradient_groups = None if overlap else 1
+        # Horovod 0.28.1's grouped_allreduce fails with Adasum ("'tensor' is used before assignment"),
+        # so Adasum reduces tensor by tensor.
+        self.gradient_groups = None if overlap or self.reduce_op == hvd.Adasum else 1
         if not self.model.built:
             sample, _ = task.train_data.get_batch(np.arange(1), 0)
             self.model(_as_tensor(sample), training=False)
@@ -127,8 +129,11 @@ class TensorFlowAdapter(FrameworkAdapter):
         else:
             local = tape.gradient(scaled, variables)
             summed = [a + tf.convert_to_tensor(g) for a, g in zip(self.accumulators, local)]
-            grads = hvd.grouped_allreduce(summed, op=self.reduce_op,  # distributed: one fused allreduce
-                                          compression=self.compression)
+            if self.reduce_op == hvd.Adasum:  # see gradient_groups above
+                grads = [hvd.allreduce(t, op=hvd.Adasum, compression=self.compression) for t in summed]  # distributed
+            else:
+                grads = hvd.grouped_allreduce(summed, op=self.reduce_op,  # distributed: one fused allreduce
+                                              compression=self.compression)
             for a in self.accumulators:
                 a.assign(tf.zeros_like(a))
         return loss, self._update(grads)

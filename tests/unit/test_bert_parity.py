@@ -58,10 +58,13 @@ def sentences():
     return train.texts, val.texts
 
 
-def test_tiny_bert_same_logits_in_both_frameworks(tmp_path, sentences):
-    train_texts, texts = sentences
-    model_dir = make_tiny_bert(tmp_path / "tiny", train_texts, hidden_act="gelu_pytorch_tanh")
-    torch_logits, keras_logits, torch_hidden, keras_hidden = _outputs(model_dir, texts)
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, sentences):
+    return make_tiny_bert(tmp_path_factory.mktemp("bert") / "tiny", sentences[0], hidden_act="gelu_pytorch_tanh")
+
+
+def test_tiny_bert_same_logits_in_both_frameworks(tiny_dir, sentences):
+    torch_logits, keras_logits, torch_hidden, keras_hidden = _outputs(tiny_dir, sentences[1])
     assert np.abs(torch_logits).max() > 1e-3  # the head is really there, logits are not all zero
     np.testing.assert_allclose(keras_logits, torch_logits, rtol=0, atol=1e-5)
     np.testing.assert_allclose(keras_hidden, torch_hidden, rtol=0, atol=1e-4)
@@ -80,3 +83,25 @@ def test_head_depends_on_seed_only():
     assert a.shape == (16, 3) and a.dtype == np.float32 and not bias.any()
     assert np.array_equal(a, pretrained.head_weights(16, 3, seed=7)[0])
     assert not np.array_equal(a, pretrained.head_weights(16, 3, seed=8)[0])
+
+
+def test_no_weight_decay_on_biases_and_layer_norm(tiny_dir):
+    from hvdtrain import load_config
+    from hvdtrain.tensorflow import build_optimizer
+    from recipes.bert_finetune import tf_recipe, torch_recipe
+
+    model = torch_recipe.LogitsOnly(torch_recipe.load_model(tiny_dir, LABELS, 0))
+    decay, no_decay = torch_recipe.parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert {names[id(p)] for p in no_decay["params"]} == {n for n in names.values()
+                                                          if n.endswith("bias") or ".LayerNorm." in n}
+
+    keras_model = tf_recipe.load_model(tiny_dir, pretrained.read_model_config(tiny_dir), LABELS, 0)
+    optimizer = build_optimizer(load_config(overrides=["optim.name=adamw", "optim.weight_decay=0.01"]).optim,
+                                exclude_from_weight_decay=tf_recipe.NO_DECAY)
+    optimizer.build(keras_model.trainable_variables)
+    undecayed = {v.path for v in keras_model.trainable_variables if not optimizer._use_weight_decay(v)}
+    expected = {v.path for v in keras_model.trainable_variables if v.name in ("bias", "gamma", "beta")}
+    assert undecayed == expected and any("layer_norm" in p for p in expected) and len(expected) < len(
+        keras_model.trainable_variables)
