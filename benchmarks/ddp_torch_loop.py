@@ -9,7 +9,10 @@ its bucketed gradient allreduce with the backward pass. One intra-op thread per 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import time
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -21,23 +24,33 @@ import common
 from recipes.image_classification.torch_models import build_model
 
 
-def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,
-                model_name: str = common.MODEL) -> list[float]:
-    """One epoch over this rank's shard of ``x``; returns the time each step ended."""
+def train_steps(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,
+                model_name: str = common.MODEL) -> Iterator[None]:
+    """Train on this rank's shard of ``x``, epoch after epoch, yielding after every step (the
+    process group must exist: torchrun's environment, or the benchmark's own initialisation)."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     model = DistributedDataParallel(build_model(model_name, x.shape[1], (x.shape[2], x.shape[3]), 10))  # distributed
     optimizer = torch.optim.SGD(model.parameters(), lr=common.LR * dist.get_world_size(), momentum=0.9)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    shard = order[dist.get_rank()::dist.get_world_size()]  # distributed: this rank's samples
     model.train()
+    for epoch in itertools.count():
+        order = np.random.default_rng([seed, epoch]).permutation(len(x))
+        shard = order[dist.get_rank()::dist.get_world_size()]  # distributed: this rank's samples
+        for start in range(0, len(shard), batch):
+            idx = shard[start:start + batch]
+            optimizer.zero_grad()
+            inputs, targets = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])  # as hvdtrain's ArrayDataset
+            F.cross_entropy(model(inputs), targets).backward()  # distributed: bucketed allreduce overlaps backward
+            optimizer.step()
+            yield
+
+
+def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,
+                model_name: str = common.MODEL) -> list[float]:
+    """One epoch over this rank's shard of ``x``; returns the time each step ended."""
     ends = []
-    for start in range(0, len(shard), batch):
-        idx = shard[start:start + batch]
-        optimizer.zero_grad()
-        F.cross_entropy(model(xt[idx]), yt[idx]).backward()  # distributed: bucketed allreduce overlaps backward
-        optimizer.step()
+    for _ in itertools.islice(train_steps(x, y, batch, seed, model_name),
+                              math.ceil(len(x) // dist.get_world_size() / batch)):
         ends.append(time.perf_counter())
     return ends
 

@@ -11,7 +11,10 @@ seed as the hvdtrain side; one intra-op and one inter-op thread per rank.
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import time
+from typing import Iterator
 
 import horovod.tensorflow as hvd
 import keras
@@ -26,9 +29,10 @@ def _variables(variables):
     return [getattr(v, "value", v) for v in variables]
 
 
-def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,
-                model_name: str = common.MODEL) -> list[float]:
-    """One epoch over this rank's shard of ``x``; returns the time each step ended."""
+def train_steps(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,
+                model_name: str = common.MODEL) -> Iterator[None]:
+    """Train on this rank's shard of ``x``, epoch after epoch, yielding after every step (so the
+    benchmark can interleave it with hvdtrain's steps)."""
     hvd.init()  # distributed
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -48,12 +52,22 @@ def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: i
         return loss
 
     hvd.broadcast_variables(_variables(model.variables) + _variables(optimizer.variables), root_rank=0)  # distributed
-    order = np.random.default_rng(seed).permutation(len(x))
-    shard = order[hvd.rank()::hvd.size()]  # distributed: this rank's samples
-    ends = []
-    for start in range(0, len(shard), batch):
-        idx = shard[start:start + batch]
-        step(tf.constant(x[idx]), tf.constant(y[idx]))
+    for epoch in itertools.count():
+        order = np.random.default_rng([seed, epoch]).permutation(len(x))
+        shard = order[hvd.rank()::hvd.size()]  # distributed: this rank's samples
+        for start in range(0, len(shard), batch):
+            idx = shard[start:start + batch]
+            step(tf.constant(x[idx]), tf.constant(y[idx]))
+            yield
+
+
+def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,
+                model_name: str = common.MODEL) -> list[float]:
+    """One epoch over this rank's shard of ``x``; returns the time each step ended."""
+    steps = train_steps(x, y, batch, seed, model_name)
+    next(steps)  # the first step also initialises Horovod, builds the model and traces the step
+    ends = [time.perf_counter()]
+    for _ in itertools.islice(steps, math.ceil(len(x) // hvd.size() / batch) - 1):
         ends.append(time.perf_counter())
     return ends
 

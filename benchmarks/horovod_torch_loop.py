@@ -2,7 +2,9 @@
 
 The loop of Horovod's own PyTorch examples: DistributedOptimizer, broadcast from rank 0, each rank
 trains on its shard of a seeded permutation. Same model (the image recipe's), data, batch and
-seed as the hvdtrain side; one intra-op thread per rank.
+seed as the hvdtrain side; one intra-op thread per rank. Batches are NumPy-indexed and wrapped with
+``torch.from_numpy``, as hvdtrain's ``ArrayDataset`` does: on the benchmark machine, indexing a
+torch tensor instead made the following forward pass up to 2x slower, which would flatter hvdtrain.
 
     horovodrun -np 2 -H localhost:2 python benchmarks/horovod_torch_loop.py --samples 4096
     horovodrun -np 2 -H localhost:2 python benchmarks/horovod_torch_loop.py --synthetic --steps 20
@@ -14,7 +16,10 @@ warm-up, timed iterations; on the GPU when there is one; ``--amp`` adds autocast
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import time
+from typing import Iterator
 
 import horovod.torch as hvd
 import numpy as np
@@ -30,7 +35,8 @@ def device() -> torch.device:
     return torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def setup(model_name: str, in_channels: int, size: int, classes: int, lr: float, seed: int, fp16: bool = False):
+def setup(model_name: str, in_channels: int, size: int, classes: int, lr: float, seed: int, fp16: bool = False,
+          prefix: str = ""):
     """Horovod, one thread, the model and its DistributedOptimizer, state broadcast from rank 0."""
     hvd.init()  # distributed
     torch.set_num_threads(1)
@@ -40,7 +46,7 @@ def setup(model_name: str, in_channels: int, size: int, classes: int, lr: float,
     model = build_model(model_name, in_channels, (size, size), classes).to(device())
     optimizer = torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(  # distributed
-        optimizer, named_parameters=model.named_parameters(),
+        optimizer, named_parameters=[(prefix + name, p) for name, p in model.named_parameters()],
         compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # distributed
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # distributed
@@ -64,38 +70,59 @@ def step(model, optimizer, x, y, scaler=None) -> None:
     scaler.update()
 
 
+def train_steps(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,
+                model_name: str = common.MODEL, prefix: str = "") -> Iterator[None]:
+    """Train on this rank's shard of ``x``, epoch after epoch, yielding after every step (so the
+    benchmark can interleave it with hvdtrain's steps). ``prefix`` renames the Horovod tensors."""
+    model, optimizer = setup(model_name, x.shape[1], x.shape[2], 10, common.LR, seed, prefix=prefix)
+    model.train()
+    for epoch in itertools.count():
+        order = np.random.default_rng([seed, epoch]).permutation(len(x))
+        shard = order[hvd.rank()::hvd.size()]  # distributed: this rank's samples
+        for start in range(0, len(shard), batch):
+            idx = shard[start:start + batch]
+            step(model, optimizer, torch.from_numpy(x[idx]), torch.from_numpy(y[idx]))  # as hvdtrain's ArrayDataset
+            yield
+
+
 def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,
                 model_name: str = common.MODEL) -> list[float]:
     """One epoch over this rank's shard of ``x``; returns the time each step ended."""
-    model, optimizer = setup(model_name, x.shape[1], x.shape[2], 10, common.LR, seed)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    shard = order[hvd.rank()::hvd.size()]  # distributed: this rank's samples
-    model.train()
-    ends = []
-    for start in range(0, len(shard), batch):
-        idx = shard[start:start + batch]
-        step(model, optimizer, xt[idx], yt[idx])
+    steps = train_steps(x, y, batch, seed, model_name)
+    next(steps)  # the first step also initialises Horovod and builds the model
+    ends = [time.perf_counter()]
+    for _ in itertools.islice(steps, math.ceil(len(x) // hvd.size() / batch) - 1):
         ends.append(time.perf_counter())
     return ends
 
 
+def synthetic_steps(model_name: str, batch: int, size: int, channels: int, seed: int = common.SEED,
+                    amp: bool = False, prefix: str = "") -> Iterator[None]:
+    """Horovod's synthetic benchmark loop: the same fixed random batch, step after step (yields after each)."""
+    model, optimizer = setup(model_name, channels, size, 1000, 0.01, seed, prefix=prefix)
+    rng = np.random.default_rng(seed)  # the batch is made as `hvdtrain bench` makes it
+    x = torch.from_numpy(rng.standard_normal((batch, channels, size, size), dtype=np.float32)).to(device())
+    y = torch.from_numpy(rng.integers(0, 1000, size=batch, dtype=np.int64)).to(device())
+    scaler = torch.amp.GradScaler("cuda") if amp else None
+    while True:
+        step(model, optimizer, x, y, scaler)
+        yield
+
+
 def synthetic(model_name: str, batch: int, size: int, channels: int, warmup: int, steps_per_iter: int,
               iters: int, seed: int = common.SEED, amp: bool = False) -> list[float]:
-    """Horovod's synthetic benchmark: a fixed random batch; returns samples/s of each iteration."""
-    model, optimizer = setup(model_name, channels, size, 1000, 0.01, seed)
-    x = torch.randn(batch, channels, size, size, device=device())
-    y = torch.randint(0, 1000, (batch,), device=device())
-    scaler = torch.amp.GradScaler("cuda") if amp else None
+    """Horovod's synthetic benchmark: warm-up, then samples/s of each timed iteration."""
+    steps = synthetic_steps(model_name, batch, size, channels, seed, amp)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(warmup):
-        step(model, optimizer, x, y, scaler)
+    next(steps)  # builds the model (not timed)
+    for _ in itertools.islice(steps, warmup):
+        pass
     rates = []
     for _ in range(iters):
         sync()
         started = time.perf_counter()
-        for _ in range(steps_per_iter):
-            step(model, optimizer, x, y, scaler)
+        for _ in itertools.islice(steps, steps_per_iter):
+            pass
         sync()
         rates.append(batch * steps_per_iter / (time.perf_counter() - started))
     return rates

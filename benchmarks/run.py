@@ -32,7 +32,7 @@ import report  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RESULTS = HERE / "results.json"
-ITEMS = ("1", "2", "3", "4", "5")  # 4 also yields item 7, 5 also item 6
+ITEMS = ("1", "3", "4", "5")  # 1 also yields item 2, 4 also item 7, 5 also item 6
 
 
 def job_env() -> dict[str, str]:
@@ -63,27 +63,14 @@ def horovodrun(np_: int, script: str, *args) -> list:
 
 def run_item(item: str, rounds: int, raw: Path, log: Path) -> list[dict]:
     """Run one item's jobs and return its table rows."""
-    if item == "1":
+    if item == "1":  # also item 2 (DDP runs interleaved in the torch job)
         rows = []
         for framework in ("torch", "tensorflow"):
             out = raw / f"overhead_{framework}.json"
             launch(horovodrun(2, "workers/overhead.py", framework, out, "--rounds", 2 * rounds,
-                              "--sides", "hvdtrain,baseline,hvdtrain_overlap"), log)
+                              *(["--ddp"] if framework == "torch" else [])), log)
             rows += analyze.overhead(json.loads(out.read_text()))
         return rows
-    if item == "2":
-        hvd_runs, ddp_runs = [], []
-        for r in range(rounds):
-            for side in (("hvdtrain", "ddp") if r % 2 == 0 else ("ddp", "hvdtrain")):
-                out = raw / f"vs_ddp_{side}_{r}.json"
-                if side == "hvdtrain":
-                    launch(horovodrun(2, "workers/overhead.py", "torch", out, "--rounds", 1, "--sides", "hvdtrain"), log)
-                    hvd_runs.append(json.loads(out.read_text()))
-                else:
-                    launch([BIN / "torchrun", "--standalone", "--nproc-per-node", 2, HERE / "ddp_torch_loop.py",
-                            "--json", out], log)
-                    ddp_runs.append(json.loads(out.read_text()))
-        return [analyze.versus_ddp(hvd_runs, ddp_runs)]
     if item == "3":
         runs = {1: [], 2: []}
         for r in range(rounds):
@@ -123,7 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="rounds per comparison (>= 5 for the report)")
     parser.add_argument("--only", default=",".join(ITEMS), help=f"comma-separated items among {','.join(ITEMS)} "
-                        "(4 includes 7, 5 includes 6)")
+                        "(1 includes 2, 4 includes 7, 5 includes 6)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--keep", default=None, help="keep raw job outputs and logs in this folder")
     args = parser.parse_args()
@@ -138,8 +125,9 @@ def main() -> None:
         log = raw / "jobs.log"
         started = time.time()
         load_before = os.getloadavg()
-        rows = [r for r in results.get("rows", []) if r["item"].split("-")[0] not in items
-                and not (("4" in items and r["item"].startswith("7")) or ("5" in items and r["item"].startswith("6")))]
+        covered = {"1": ("1", "2"), "3": ("3",), "4": ("4", "7"), "5": ("5", "6")}
+        replaced = {prefix for item in items for prefix in covered[item]}
+        rows = [r for r in results.get("rows", []) if r["item"].split("-")[0] not in replaced]
         for item in items:
             print(f"item {item}:", flush=True)
             try:

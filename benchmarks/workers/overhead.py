@@ -1,76 +1,100 @@
-"""Items 1 and 2: hvdtrain's training throughput next to the minimal hand-written Horovod loop.
+"""Items 1 and 2: hvdtrain's training throughput next to the hand-written loops, step by step.
 
-Both sides run in this process, alternating (the order flips every round), on the same in-memory
-MNIST arrays, model, batch and seed, one intra-op thread per rank; each side's throughput is
-measured from the end of step ``SKIP_STEPS`` to the last step of one epoch.
+Each round is one epoch of ``hvdtrain.train()`` (the real trainer with its defaults) on in-memory
+MNIST. After every hvdtrain step a callback runs one step of each other side: the minimal
+hand-written Horovod loop (same model, data, batch, seed) and, for torch with ``--ddp``, PyTorch
+DistributedDataParallel over Gloo. The sides alternate step by step, so the machine's load hits
+them alike; each side's time is its own steps only (hvdtrain's step i is the time from the end
+of the callback after step i-1 to the end of step i: data, LR, hooks and logging included).
+Rounds alternate hvdtrain's comm.overlap between its default (auto) and ``always``.
 
-    horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 5
-    (--sides hvdtrain: only the hvdtrain side, for the comparison with torchrun + DDP;
-     side hvdtrain_overlap: hvdtrain with comm.overlap=always, Horovod's per-gradient overlap)
+    horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 10 --ddp
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import socket
 import tempfile
+import time
 
 import common  # noqa: F401  (puts the repository on sys.path)
 import hvdtrain
-from common import BATCH, StepClock, hvdtrain_overrides, mnist_arrays, register_memory_recipe, steady_rate
+from common import BATCH, SKIP_STEPS, hvdtrain_overrides, mnist_arrays, register_memory_recipe
 
 
-class ClockCallback(hvdtrain.Callback):
-    """Records the end of every hvdtrain step."""
+class Interleave(hvdtrain.Callback):
+    """After each hvdtrain step, one step of every other side; records everyone's step times."""
 
-    def __init__(self, clock: StepClock):
-        self.clock = clock
+    def __init__(self, others: dict):
+        self.others = others
+        self.times: dict[str, list[float]] = {"hvdtrain": [], **{name: [] for name in others}}
+        self.resumed = time.perf_counter()
 
     def on_step_end(self, epoch, step, logs):
-        self.clock.tick()
+        self.times["hvdtrain"].append(time.perf_counter() - self.resumed)
+        names = list(self.others) if step % 2 == 0 else list(self.others)[::-1]
+        for name in names:
+            started = time.perf_counter()
+            next(self.others[name])
+            self.times[name].append(time.perf_counter() - started)
+        self.resumed = time.perf_counter()
 
 
-def hvdtrain_rate(framework: str, output: str, **extra) -> float:
-    """One epoch through hvdtrain.train(); this rank's steady samples/s."""
-    config = hvdtrain.load_config(None, overrides=hvdtrain_overrides(output, **extra), recipe=common.MEMORY_RECIPE,
-                                  framework=framework)
-    clock = StepClock()
-    hvdtrain.train(config, callbacks=[ClockCallback(clock)])
-    return steady_rate(clock.ends, BATCH)
+def init_ddp(hvd) -> None:
+    """A torch.distributed Gloo group over the same processes (what torchrun's environment provides)."""
+    import torch.distributed as dist
+
+    port = None
+    if hvd.rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, root_rank=0)  # distributed
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=("torch", "tensorflow"))
     parser.add_argument("out")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10, help="epochs; comm.overlap alternates auto/always")
     parser.add_argument("--samples", type=int, default=2048)
-    parser.add_argument("--sides", default="hvdtrain,baseline")
+    parser.add_argument("--ddp", action="store_true", help="torch: also interleave DistributedDataParallel steps")
     args = parser.parse_args()
     torch_layout = args.framework == "torch"
     arrays = mnist_arrays(args.samples, channels_first=torch_layout)
     register_memory_recipe({args.framework: arrays})
-    baseline = importlib.import_module("horovod_torch_loop" if torch_layout else "horovod_tf_loop")
     hvd = importlib.import_module("horovod.torch" if torch_layout else "horovod.tensorflow")
-    sides = args.sides.split(",")
+    baseline = importlib.import_module("horovod_torch_loop" if torch_layout else "horovod_tf_loop")
+    others = {"baseline": baseline.train_steps(arrays[0], arrays[1])}
+    if args.ddp:
+        import ddp_torch_loop
+
+        hvd.init()
+        init_ddp(hvd)
+        others["ddp"] = ddp_torch_loop.train_steps(arrays[0], arrays[1])
+    for steps in others.values():  # build the models, trace, warm up: not timed
+        for _ in range(SKIP_STEPS):
+            next(steps)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as tmp:
         for r in range(args.rounds):
-            rates = {}
-            for side in (sides if r % 2 == 0 else sides[::-1]):
-                if side == "hvdtrain":
-                    rates[side] = hvdtrain_rate(args.framework, f"{tmp}/round{r}")
-                elif side == "hvdtrain_overlap":
-                    rates[side] = hvdtrain_rate(args.framework, f"{tmp}/overlap{r}", **{"comm.overlap": "always"})
-                else:
-                    rates[side] = steady_rate(baseline.train_epoch(arrays[0], arrays[1]), BATCH)
+            overlap = "auto" if r % 2 == 0 else "always"
+            config = hvdtrain.load_config(None, overrides=hvdtrain_overrides(f"{tmp}/round{r}", **{"comm.overlap": overlap}),
+                                          recipe=common.MEMORY_RECIPE, framework=args.framework)
+            clock = Interleave(others)
+            hvdtrain.train(config, callbacks=[clock])
+            rates = {name: BATCH * len(t[SKIP_STEPS:]) / sum(t[SKIP_STEPS:]) for name, t in clock.times.items()}
             per_rank = hvd.allgather_object(rates)  # distributed
-            rounds.append({side: sum(p[side] for p in per_rank) / len(per_rank) for side in sides})
+            rounds.append({"overlap": overlap, **{k: sum(p[k] for p in per_rank) / len(per_rank) for k in rates}})
             if hvd.rank() == 0:
-                print(f"round {r}: " + ", ".join(f"{k} {v:.1f}" for k, v in rounds[-1].items()), flush=True)
+                print(f"round {r}: " + ", ".join(f"{k} {v}" if isinstance(v, str) else f"{k} {v:.1f}"
+                                                 for k, v in rounds[-1].items()), flush=True)
     if hvd.rank() == 0:
         common.write_json(args.out, {"framework": args.framework, "world_size": hvd.size(), "samples": args.samples,
-                                     "batch": BATCH, "rounds": rounds})
+                                     "batch": BATCH, "skip_steps": SKIP_STEPS, "rounds": rounds})
 
 
 if __name__ == "__main__":
