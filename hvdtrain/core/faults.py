@@ -1,10 +1,12 @@
 """Fault injection for hvdtrain's own reliability tests (and for users who want to see a failure).
 
-Set ``HVDTRAIN_FAULT`` to one or more comma-separated faults, ``KIND[:rank=R][:step=S]``:
+Set ``HVDTRAIN_FAULT`` to one or more comma-separated faults, ``KIND[:rank=R][:step=S][:ms=M]``:
 
 * ``raise``  raise an exception on rank R before global step S;
 * ``kill``   ``kill -9`` this worker (SIGKILL to itself) before step S;
 * ``hang``   sleep forever before step S (a rank that never reaches the next collective);
+* ``slow``   sleep ``ms`` milliseconds (default 100) before every step from step S on: a straggler,
+  or a survivor kept busy long enough for an elastic host to come back;
 * ``nan``    make rank R's inputs NaN at step S (a non-finite loss and gradient);
 * ``crash-in-checkpoint``  exit abruptly after a checkpoint's files are written, before the
   rename that publishes it (step S: the first checkpoint at or after that step).
@@ -19,7 +21,8 @@ import signal
 import time
 from dataclasses import dataclass
 
-KINDS = ("raise", "kill", "hang", "nan", "crash-in-checkpoint")
+KINDS = ("raise", "kill", "hang", "slow", "nan", "crash-in-checkpoint")
+FIELDS = ("rank", "step", "ms")
 
 
 class InjectedFault(RuntimeError):
@@ -28,15 +31,21 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault: what, on which rank (None: all), at which global step (None: any)."""
+    """One fault: what, on which rank (None: all), at which global step (None: any; ``slow``: from
+    that step on), and for ``slow`` how long each step is delayed."""
 
     kind: str
     rank: int | None = None
     step: int | None = None
+    ms: int = 100
 
     def matches(self, kind: str, rank: int, step: int) -> bool:
         """True if this fault fires for ``kind`` on ``rank`` at ``step``."""
-        return self.kind == kind and self.rank in (None, rank) and (self.step is None or step == self.step)
+        if self.kind != kind or self.rank not in (None, rank):
+            return False
+        if self.step is None:
+            return True
+        return step >= self.step if kind == "slow" else step == self.step
 
 
 def parse_faults(text: str | None) -> list[Fault]:
@@ -49,10 +58,10 @@ def parse_faults(text: str | None) -> list[Fault]:
         values: dict[str, int] = {}
         for field in fields:
             key, _, value = field.partition("=")
-            if key not in ("rank", "step") or not value.isdigit():
-                raise ValueError(f"HVDTRAIN_FAULT: bad field {field!r} in {item!r}; use rank=N or step=N")
+            if key not in FIELDS or not value.isdigit():
+                raise ValueError(f"HVDTRAIN_FAULT: bad field {field!r} in {item!r}; use rank=N, step=N or ms=N")
             values[key] = int(value)
-        faults.append(Fault(kind, values.get("rank"), values.get("step")))
+        faults.append(Fault(kind, **values))
     return faults
 
 
@@ -65,7 +74,10 @@ def active(kind: str, rank: int, step: int) -> bool:
 
 
 def before_step(rank: int, step: int) -> None:
-    """Fire ``raise``, ``kill`` or ``hang`` faults due before global step ``step``."""
+    """Fire ``raise``, ``kill``, ``hang`` or ``slow`` faults due before global step ``step``."""
+    for fault in _FAULTS:
+        if fault.matches("slow", rank, step):
+            time.sleep(fault.ms / 1000)
     if active("raise", rank, step):
         raise InjectedFault(f"injected failure on rank {rank} at step {step} (HVDTRAIN_FAULT)")
     if active("kill", rank, step):

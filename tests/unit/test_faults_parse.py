@@ -1,0 +1,26 @@
+"""HVDTRAIN_FAULT parsing and matching (hvdtrain/core/faults.py)."""
+
+import pytest
+
+from hvdtrain.core.faults import Fault, parse_faults
+
+
+def test_parse_several_faults():
+    assert parse_faults("kill:rank=1:step=10, slow:rank=0:step=11:ms=150") == [
+        Fault("kill", rank=1, step=10), Fault("slow", rank=0, step=11, ms=150)]
+    assert parse_faults(None) == [] and parse_faults("") == []
+
+
+@pytest.mark.parametrize("text, message", [("explode", "unknown fault 'explode'"),
+                                           ("kill:when=3", "bad field 'when=3'"),
+                                           ("slow:ms=fast", "bad field 'ms=fast'")])
+def test_bad_fault_is_named(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_faults(text)
+
+
+def test_slow_fires_from_its_step_on_and_others_only_at_it():
+    slow, kill = Fault("slow", rank=0, step=5), Fault("kill", rank=0, step=5)
+    assert [slow.matches("slow", 0, s) for s in (4, 5, 9)] == [False, True, True]
+    assert [kill.matches("kill", 0, s) for s in (4, 5, 9)] == [False, True, False]
+    assert not slow.matches("slow", 1, 7) and not slow.matches("kill", 0, 7)
