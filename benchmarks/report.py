@@ -35,7 +35,7 @@ run; the ratios are what the suite stands on.
 def _fmt(value: float, unit: str) -> str:
     if unit == "share":
         return f"{value:.2%}"
-    if unit == "efficiency":
+    if unit in ("efficiency", "ratio"):
         return f"{value:.3f}"
     if unit in ("GB/s", "MB"):
         return f"{value:.3f} {unit}"
@@ -96,20 +96,30 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def kept_date(results: dict) -> str:
+    """The dates of the rows an ``--only`` run kept from earlier runs."""
+    kept = set(results.get("kept_from_earlier", []))
+    return ", ".join(sorted({r.get("date", "?") for r in results.get("rows", []) if r.get("item") in kept}))
+
+
 def write(results: dict, markdown: Path, png: Path) -> None:
     """BENCHMARKS.md and the plot."""
     m = results.get("machine", {})
     v = m.get("versions", {})
     load = results.get("load_average", {})
-    text = HEADER.format(command="python benchmarks/run.py", date=results.get("date", "?"),
+    text = HEADER.format(command=results.get("command", "python benchmarks/run.py"), date=results.get("date", "?"),
                          minutes=results.get("minutes", "?"), rounds=results.get("rounds", "?"),
                          cores=m.get("cores", "?"), cpu=m.get("cpu", "?"), memory_gib=m.get("memory_gib", "?"),
                          os=m.get("os", "?"), python=m.get("python", "?"), torch=v.get("torch", "?"),
                          tensorflow=v.get("tensorflow", "?"), horovod=v.get("horovod", "?"),
                          load_before=" / ".join(f"{x:.1f}" for x in load.get("before", [])),
                          load_after=" / ".join(f"{x:.1f}" for x in load.get("after", [])))
+    kept = results.get("kept_from_earlier")
+    if kept:
+        text += (f"Rows {', '.join(kept)} were not re-run by that command: they keep the figures of an earlier "
+                 f"run (`python benchmarks/run.py` on {kept_date(results)}).\n\n")
     text += table(results)
-    text += "\nPer-row details (from the same run):\n\n" + "".join(
+    text += "\nPer-row details:\n\n" + "".join(
         f"- **{r['item']}**: {r['note']}" + (f" Per-round ratios: {', '.join(f'{x:.3f}' for x in r['ratios'])}."
                                             if r.get("ratios") else "") + "\n"
         for r in results["rows"] if r.get("note") or r.get("ratios"))

@@ -1,6 +1,6 @@
 """Run hvdtrain's benchmark suite and write BENCHMARKS.md and its plot: the one command.
 
-    .venv/bin/python benchmarks/run.py                 # all items, 5 rounds (about 12 minutes on 2 cores)
+    .venv/bin/python benchmarks/run.py                 # all items, 5 rounds (about 7 minutes on 2 cores)
     .venv/bin/python benchmarks/run.py --only 1,4      # some items; the others keep their last results
     .venv/bin/python benchmarks/run.py --report-only   # re-render BENCHMARKS.md and the PNG from results.json
 
@@ -76,13 +76,13 @@ def run_item(item: str, rounds: int, raw: Path, log: Path) -> list[dict]:
         for r in range(rounds):
             for n in ((1, 2) if r % 2 == 0 else (2, 1)):
                 out = raw / f"scaling_np{n}_{r}.json"
-                launch(horovodrun(n, "workers/scaling.py", out, "--rounds", 1), log)
+                launch(horovodrun(n, "workers/scaling.py", out), log)
                 runs[n].append(json.loads(out.read_text()))
         return [analyze.scaling(runs)]
     if item == "4":
         out, trace = raw / "allreduce.json", raw / "allreduce_timeline.json"
         trace.unlink(missing_ok=True)
-        launch(horovodrun(2, "workers/allreduce.py", out, trace, "--rounds", rounds), log)
+        launch(horovodrun(2, "workers/allreduce.py", out, trace, "--rounds", 2 * rounds), log)
         return analyze.allreduce(json.loads(out.read_text()), trace)
     if item == "5":
         out = raw / "pipeline.json"
@@ -135,7 +135,11 @@ def main() -> None:
             except Exception as exc:  # keep going; the report says what failed
                 print(f"  failed: {str(exc)[:2000]}", flush=True)
                 rows.append({"item": item, "title": f"item {item}", "error": str(exc)[-800:]})
+        partial = sorted(items) != sorted(ITEMS)
+        command = "python benchmarks/run.py" + (f" --only {','.join(items)}" if partial else "")
         results = {"date": datetime.date.today().isoformat(), "machine": machine(), "rounds": args.rounds,
+                   "command": command, "kept_from_earlier": sorted({r["item"] for r in rows} - {
+                       r["item"] for item in items for r in rows if r["item"].split("-")[0] in covered[item]}),
                    "minutes": round((time.time() - started) / 60, 1),
                    "load_average": {"before": load_before, "after": os.getloadavg()},
                    "rows": sorted(rows, key=lambda r: r["item"])}

@@ -1,8 +1,12 @@
 """Items 4 and 7: hvdtrain's gradient allreduce against raw ``hvd.allreduce``, and fp16 compression.
 
-One process per rank holds two hvdtrain torch adapters on the same model (fp32 gradients and
-fp16-compressed gradients) and alternates, every round: steps with each, raw ``hvd.allreduce`` of
-one buffer as large as all gradients together, and a memory copy of that size. Horovod's timeline
+One process per rank holds three hvdtrain torch adapters on the same model (fp32 gradients with
+hvdtrain's defaults, fp16-compressed gradients, and fp32 with ``comm.overlap=always`` when the
+default resolves to ``never`` on this machine) and
+alternates, every round: steps with each, raw ``hvd.allreduce`` of
+one buffer as large as all gradients together, PyTorch's own Gloo ``all_reduce`` of that buffer (a
+torch.distributed group over the same processes: what DDP uses), and a memory copy of that size.
+Horovod's timeline
 (comm.timeline) records every collective with its dtype and shape; the driver reads it afterwards.
 Bytes this process wrote to its Gloo sockets (/proc/self/io ``wchar``) are counted per step.
 
@@ -12,6 +16,8 @@ Bytes this process wrote to its Gloo sockets (/proc/self/io ``wchar``) are count
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import time
 
 import numpy as np
@@ -20,12 +26,14 @@ import torch
 import common  # noqa: F401  (puts the repository on sys.path)
 import horovod.torch as hvd
 from hvdtrain.core.bench import BenchSettings
+from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.config import load_config
 from hvdtrain.torch.adapter import TorchAdapter
 from hvdtrain.torch.bench import synthetic_task, to_device
 
 RAW_NAME = "bench.raw_allreduce"
-STEPS, RAW_CALLS, COPIES = 8, 8, 20
+TORCH_CALLS = 8
+STEPS, RAW_CALLS, COPIES = 4, 4, 20
 
 
 def wchar() -> int:
@@ -34,10 +42,14 @@ def wchar() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
 
 
-def make_side(fp16: bool, timeline: str):
-    config = load_config(None, overrides=[f"model.name={common.MODEL}", f"train.batch_size={common.BATCH}",
-                                          "train.threads=1", f"train.fp16_allreduce={fp16}", f"comm.timeline={timeline}",
-                                          "model.num_classes=10"], framework="torch")
+def side_config(fp16: bool, timeline: str, overlap: str | None = None):
+    overrides = [f"model.name={common.MODEL}", f"train.batch_size={common.BATCH}", "train.threads=1",
+                 f"train.fp16_allreduce={fp16}", f"comm.timeline={timeline}", "model.num_classes=10"]
+    return load_config(None, overrides=overrides + ([f"comm.overlap={overlap}"] if overlap else []), framework="torch")
+
+
+def make_side(fp16: bool, timeline: str, overlap: str | None = None):
+    config = side_config(fp16, timeline, overlap)
     adapter = TorchAdapter()
     adapter.init(config)
     task = synthetic_task(config, BenchSettings(image_size=28, channels=1))
@@ -58,6 +70,19 @@ def run_steps(adapter, batch) -> dict:
     return {"rate": STEPS * common.BATCH / elapsed, "wire_bytes_per_step": written / STEPS}
 
 
+def init_torch_group() -> None:
+    """A torch.distributed Gloo group over the same processes (what DDP would use)."""
+    import torch.distributed as dist
+
+    port = None
+    if hvd.rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, root_rank=0, name="bench.torch_port")  # distributed
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -65,19 +90,39 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     sides = {"fp32": make_side(False, args.timeline), "fp16": make_side(True, args.timeline)}
+    # what comm.overlap=auto resolved to in those adapters (they ask the same question)
+    default_overlap = overlap_gradients(side_config(False, args.timeline).comm, False, hvd.local_size(), 1,
+                                        os.cpu_count() or 1)
+    if not default_overlap:
+        sides["fp32_always"] = make_side(False, args.timeline, overlap="always")
     params = sides["fp32"][2]
     raw = torch.randn(params)
+    init_torch_group()
+    import torch.distributed as dist
+
     src, dst = np.random.default_rng(0).standard_normal(params).astype(np.float32), np.empty(params, np.float32)
     rounds = []
     for r in range(args.rounds + 1):  # round 0 warms up and is dropped
         record = {}
-        for name in (("fp32", "fp16") if r % 2 else ("fp16", "fp32")):
+        for name in (list(sides) if r % 2 else list(sides)[::-1]):
             adapter, batch, _ = sides[name]
             record[name] = run_steps(adapter, batch)
         started = time.perf_counter()
         for _ in range(RAW_CALLS):
             hvd.allreduce(raw, name=RAW_NAME)  # distributed: the raw reference
         record["raw_wall_sec"] = (time.perf_counter() - started) / RAW_CALLS
+        walls = {"horovod": [], "torch": []}
+        for _ in range(TORCH_CALLS):  # wall time of one in-place allreduce each, interleaved
+            hvd.allreduce_(raw, name=RAW_NAME + "_inplace")  # distributed
+            dist.barrier()
+            started = time.perf_counter()
+            dist.all_reduce(raw)  # distributed: PyTorch's Gloo
+            walls["torch"].append(time.perf_counter() - started)
+            dist.barrier()
+            started = time.perf_counter()
+            hvd.allreduce_(raw, name=RAW_NAME + "_inplace")  # distributed: Horovod's Gloo
+            walls["horovod"].append(time.perf_counter() - started)
+        record["inplace_wall_sec"] = {k: sorted(v)[len(v) // 2] for k, v in walls.items()}
         started = time.perf_counter()
         for _ in range(COPIES):
             np.copyto(dst, src)
@@ -88,7 +133,8 @@ def main() -> None:
     if hvd.rank() == 0:
         common.write_json(args.out, {"world_size": hvd.size(), "params": params, "gradient_bytes": 4 * params,
                                      "steps_per_round": STEPS, "raw_calls_per_round": RAW_CALLS,
-                                     "raw_name": RAW_NAME, "rank_rounds": per_rank})
+                                     "raw_name": RAW_NAME, "default_overlap": default_overlap,
+                                     "rank_rounds": per_rank})
     hvd.shutdown()  # flush and close the timeline
 
 

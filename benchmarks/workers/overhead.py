@@ -6,7 +6,7 @@ hand-written Horovod loop (same model, data, batch, seed) and, for torch with ``
 DistributedDataParallel over Gloo. The sides alternate step by step, so the machine's load hits
 them alike; each side's time is its own steps only (hvdtrain's step i is the time from the end
 of the callback after step i-1 to the end of step i: data, LR, hooks and logging included).
-Rounds alternate hvdtrain's comm.overlap between its default (auto) and ``always``.
+Rounds alternate hvdtrain's comm.overlap between its default (``auto``) and ``always``.
 
     horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 10 --ddp
 """
@@ -51,7 +51,7 @@ def init_ddp(hvd) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    port = hvd.broadcast_object(port, root_rank=0)  # distributed
+    port = hvd.broadcast_object(port, root_rank=0, name="bench.ddp_port")  # distributed
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
 
 
@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="epochs; comm.overlap alternates auto/always")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--ddp", action="store_true", help="torch: also interleave DistributedDataParallel steps")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra hvdtrain config override (ablations, e.g. train.tensorboard=false)")
     args = parser.parse_args()
     torch_layout = args.framework == "torch"
     arrays = mnist_arrays(args.samples, channels_first=torch_layout)
@@ -82,7 +84,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as tmp:
         for r in range(args.rounds):
             overlap = "auto" if r % 2 == 0 else "always"
-            config = hvdtrain.load_config(None, overrides=hvdtrain_overrides(f"{tmp}/round{r}", **{"comm.overlap": overlap}),
+            overrides = hvdtrain_overrides(f"{tmp}/round{r}", **{"comm.overlap": overlap}) + args.set
+            config = hvdtrain.load_config(None, overrides=overrides,
                                           recipe=common.MEMORY_RECIPE, framework=args.framework)
             clock = Interleave(others)
             hvdtrain.train(config, callbacks=[clock])
