@@ -42,7 +42,8 @@ def overhead(data: dict) -> list[dict]:
                         "hvdtrain default / hand-written loop", median(r["hvdtrain"] / r["baseline"] for r in default),
                         "hvdtrain with comm.overlap=always (Horovod's per-gradient overlap) / hand-written loop",
                         median(r["hvdtrain"] / r["baseline"] for r in always),
-                        [(a["hvdtrain"] / a["baseline"]) / (b["hvdtrain"] / b["baseline"]) for a, b in zip(default, always)],
+                        [(a["hvdtrain"] / a["baseline"]) / (b["hvdtrain"] / b["baseline"])
+                         for a, b in zip(default, always)],
                         "ratio", None, None, "one fused allreduce after the backward pass against per-gradient "
                         "overlap; each side normalised by the hand-written loop run step by step next to it"))
     if default and "ddp" in default[0]:
@@ -167,7 +168,8 @@ def allreduce(data: dict, trace: Path) -> list[dict]:
             median(raw_bw) / 1e9, f"memory copy bandwidth (numpy copy of {mb:.1f} MB)", median(mem_bw) / 1e9,
             mem_ratios, "GB/s", None, None, "context for item 4: Gloo over loopback TCP vs one memcpy"),
         row("4-torch", "Horovod's Gloo allreduce vs PyTorch's (context for item 2)",
-            f"hvd.allreduce_ of one {mb:.1f} MB buffer, wall time", median(r["inplace_wall_sec"]["horovod"] for r in rounds0),
+            f"hvd.allreduce_ of one {mb:.1f} MB buffer, wall time",
+            median(r["inplace_wall_sec"]["horovod"] for r in rounds0),
             "torch.distributed all_reduce (Gloo) of the same buffer, same processes",
             median(r["inplace_wall_sec"]["torch"] for r in rounds0),
             [r["inplace_wall_sec"]["horovod"] / r["inplace_wall_sec"]["torch"] for r in rounds0], "s", None, None,

@@ -6,16 +6,20 @@ timing for both sides of every comparison.
 * :func:`register_memory_recipe`: an hvdtrain recipe over those in-memory arrays (the recipe's
   own models and optimizers), so trainer-overhead runs compare loops, not input pipelines.
 * :func:`steady_rate`: samples/s per rank between the end of step ``skip`` and the last step.
+* :func:`shard_batches`: every baseline's per-rank batches, epoch after epoch.
+* :func:`init_torch_gloo_group`: a torch.distributed Gloo group over Horovod's processes (DDP, item 4).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -49,6 +53,29 @@ def mnist_arrays(n_train: int, n_val: int = 256, channels_first: bool = True, se
         out += [np.ascontiguousarray(x, dtype=np.float32), np.asarray(group[f"{prefix}_labels"])[idx].astype(np.int64)]
     store.close()
     return tuple(out)
+
+
+def shard_batches(n_samples: int, rank: int, size: int, batch: int, seed: int = SEED) -> Iterator[np.ndarray]:
+    """This rank's batches of sample indices, epoch after epoch: a permutation seeded by (seed,
+    epoch), every ``size``-th sample from ``rank``, cut into batches. Every baseline shards alike."""
+    for epoch in itertools.count():
+        shard = np.random.default_rng([seed, epoch]).permutation(n_samples)[rank::size]
+        for start in range(0, len(shard), batch):
+            yield shard[start:start + batch]
+
+
+def init_torch_gloo_group(hvd: Any, name: str) -> None:
+    """A torch.distributed Gloo group over the processes Horovod already runs (what torchrun's
+    environment would provide): rank 0 picks a free port and broadcasts it as ``name``."""
+    import torch.distributed as dist
+
+    port = None
+    if hvd.rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, root_rank=0, name=name)  # distributed
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
 
 
 def register_memory_recipe(arrays: dict[str, tuple]) -> str:

@@ -33,16 +33,13 @@ def train_steps(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: i
     model = DistributedDataParallel(build_model(model_name, x.shape[1], (x.shape[2], x.shape[3]), 10))  # distributed
     optimizer = torch.optim.SGD(model.parameters(), lr=common.LR * dist.get_world_size(), momentum=0.9)
     model.train()
-    for epoch in itertools.count():
-        order = np.random.default_rng([seed, epoch]).permutation(len(x))
-        shard = order[dist.get_rank()::dist.get_world_size()]  # distributed: this rank's samples
-        for start in range(0, len(shard), batch):
-            idx = shard[start:start + batch]
-            optimizer.zero_grad()
-            inputs, targets = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])  # as hvdtrain's ArrayDataset
-            F.cross_entropy(model(inputs), targets).backward()  # distributed: bucketed allreduce overlaps backward
-            optimizer.step()
-            yield
+    # distributed: this rank's samples
+    for idx in common.shard_batches(len(x), dist.get_rank(), dist.get_world_size(), batch, seed):
+        optimizer.zero_grad()
+        inputs, targets = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])  # as hvdtrain's ArrayDataset
+        F.cross_entropy(model(inputs), targets).backward()  # distributed: bucketed allreduce overlaps backward
+        optimizer.step()
+        yield
 
 
 def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,

@@ -52,13 +52,9 @@ def train_steps(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: i
         return loss
 
     hvd.broadcast_variables(_variables(model.variables) + _variables(optimizer.variables), root_rank=0)  # distributed
-    for epoch in itertools.count():
-        order = np.random.default_rng([seed, epoch]).permutation(len(x))
-        shard = order[hvd.rank()::hvd.size()]  # distributed: this rank's samples
-        for start in range(0, len(shard), batch):
-            idx = shard[start:start + batch]
-            step(tf.constant(x[idx]), tf.constant(y[idx]))
-            yield
+    for idx in common.shard_batches(len(x), hvd.rank(), hvd.size(), batch, seed):  # distributed: this rank's samples
+        step(tf.constant(x[idx]), tf.constant(y[idx]))
+        yield
 
 
 def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,

@@ -76,13 +76,9 @@ def train_steps(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: i
     benchmark can interleave it with hvdtrain's steps). ``prefix`` renames the Horovod tensors."""
     model, optimizer = setup(model_name, x.shape[1], x.shape[2], 10, common.LR, seed, prefix=prefix)
     model.train()
-    for epoch in itertools.count():
-        order = np.random.default_rng([seed, epoch]).permutation(len(x))
-        shard = order[hvd.rank()::hvd.size()]  # distributed: this rank's samples
-        for start in range(0, len(shard), batch):
-            idx = shard[start:start + batch]
-            step(model, optimizer, torch.from_numpy(x[idx]), torch.from_numpy(y[idx]))  # as hvdtrain's ArrayDataset
-            yield
+    for idx in common.shard_batches(len(x), hvd.rank(), hvd.size(), batch, seed):  # distributed: this rank's samples
+        step(model, optimizer, torch.from_numpy(x[idx]), torch.from_numpy(y[idx]))  # as hvdtrain's ArrayDataset
+        yield
 
 
 def train_epoch(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,

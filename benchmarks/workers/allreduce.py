@@ -16,8 +16,6 @@ Bytes this process wrote to its Gloo sockets (/proc/self/io ``wchar``) are count
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import time
 
 import numpy as np
@@ -26,7 +24,6 @@ import torch
 import common  # noqa: F401  (puts the repository on sys.path)
 import horovod.torch as hvd
 from hvdtrain.core.bench import BenchSettings
-from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.config import load_config
 from hvdtrain.torch.adapter import TorchAdapter
 from hvdtrain.torch.bench import synthetic_task, to_device
@@ -42,14 +39,12 @@ def wchar() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
 
 
-def side_config(fp16: bool, timeline: str, overlap: str | None = None):
+def make_side(fp16: bool, timeline: str, overlap: str | None = None):
     overrides = [f"model.name={common.MODEL}", f"train.batch_size={common.BATCH}", "train.threads=1",
                  f"train.fp16_allreduce={fp16}", f"comm.timeline={timeline}", "model.num_classes=10"]
-    return load_config(None, overrides=overrides + ([f"comm.overlap={overlap}"] if overlap else []), framework="torch")
-
-
-def make_side(fp16: bool, timeline: str, overlap: str | None = None):
-    config = side_config(fp16, timeline, overlap)
+    if overlap:
+        overrides.append(f"comm.overlap={overlap}")
+    config = load_config(None, overrides=overrides, framework="torch")
     adapter = TorchAdapter()
     adapter.init(config)
     task = synthetic_task(config, BenchSettings(image_size=28, channels=1))
@@ -70,19 +65,6 @@ def run_steps(adapter, batch) -> dict:
     return {"rate": STEPS * common.BATCH / elapsed, "wire_bytes_per_step": written / STEPS}
 
 
-def init_torch_group() -> None:
-    """A torch.distributed Gloo group over the same processes (what DDP would use)."""
-    import torch.distributed as dist
-
-    port = None
-    if hvd.rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = hvd.broadcast_object(port, root_rank=0, name="bench.torch_port")  # distributed
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -90,14 +72,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     sides = {"fp32": make_side(False, args.timeline), "fp16": make_side(True, args.timeline)}
-    # what comm.overlap=auto resolved to in those adapters (they ask the same question)
-    default_overlap = overlap_gradients(side_config(False, args.timeline).comm, False, hvd.local_size(), 1,
-                                        os.cpu_count() or 1)
+    default_overlap = sides["fp32"][0].overlap  # what comm.overlap=auto resolved to here
     if not default_overlap:
         sides["fp32_always"] = make_side(False, args.timeline, overlap="always")
     params = sides["fp32"][2]
     raw = torch.randn(params)
-    init_torch_group()
+    common.init_torch_gloo_group(hvd, "bench.torch_port")
     import torch.distributed as dist
 
     src, dst = np.random.default_rng(0).standard_normal(params).astype(np.float32), np.empty(params, np.float32)

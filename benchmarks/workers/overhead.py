@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import socket
 import tempfile
 import time
 
@@ -42,19 +41,6 @@ class Interleave(hvdtrain.Callback):
         self.resumed = time.perf_counter()
 
 
-def init_ddp(hvd) -> None:
-    """A torch.distributed Gloo group over the same processes (what torchrun's environment provides)."""
-    import torch.distributed as dist
-
-    port = None
-    if hvd.rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = hvd.broadcast_object(port, root_rank=0, name="bench.ddp_port")  # distributed
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=hvd.rank(), world_size=hvd.size())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=("torch", "tensorflow"))
@@ -75,7 +61,7 @@ def main() -> None:
         import ddp_torch_loop
 
         hvd.init()
-        init_ddp(hvd)
+        common.init_torch_gloo_group(hvd, "bench.ddp_port")
         others["ddp"] = ddp_torch_loop.train_steps(arrays[0], arrays[1])
     for steps in others.values():  # build the models, trace, warm up: not timed
         for _ in range(SKIP_STEPS):
