@@ -48,6 +48,7 @@ class FrameworkAdapter(ABC):
 
     name: str = ""
     skipped_updates: int = 0
+    overlap: bool = False  # set by prepare(): comm.overlap as resolved here (allreduce during backward)
 
     @abstractmethod
     def init(self, config: Any) -> DistContext:

@@ -82,12 +82,12 @@ class TensorFlowAdapter(FrameworkAdapter):
         if problem:
             raise ConfigError(problem)
         self.reduce_op = hvd.Adasum if config.comm.reduction == "adasum" and hvd.size() > 1 else hvd.Average
-        overlap = overlap_gradients(config.comm, bool(tf.config.list_logical_devices("GPU")), hvd.local_size(),
-                                    tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1),
-                                    os.cpu_count() or 1)
+        threads = tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1)
+        self.overlap = overlap_gradients(config.comm, bool(tf.config.list_logical_devices("GPU")), hvd.local_size(),
+                                         threads, os.cpu_count() or 1)
         # Horovod 0.28.1's grouped_allreduce fails with Adasum ("'tensor' is used before assignment"),
         # so Adasum reduces tensor by tensor.
-        self.gradient_groups = None if overlap or self.reduce_op == hvd.Adasum else 1
+        self.gradient_groups = None if self.overlap or self.reduce_op == hvd.Adasum else 1
         if not self.model.built:
             sample, _ = task.train_data.get_batch(np.arange(1), 0)
             self.model(_as_tensor(sample), training=False)

@@ -70,15 +70,15 @@ class TorchAdapter(FrameworkAdapter):
                            "or use comm.reduction=average")
             if problem:
                 raise ConfigError(problem)
-        overlap = overlap_gradients(config.comm, self.device.type == "cuda", hvd.local_size(), torch.get_num_threads(),
-                                    os.cpu_count() or 1)
+        self.overlap = overlap_gradients(config.comm, self.device.type == "cuda", hvd.local_size(),
+                                         torch.get_num_threads(), os.cpu_count() or 1)
         self.optimizer = hvd.DistributedOptimizer(  # distributed: allreduce gradients (or Adasum updates)
             task.optimizer, named_parameters=self.model.named_parameters(),
             compression=compression, backward_passes_per_step=self.accumulation,
             op=hvd.Adasum if self.adasum else hvd.Average,
             # groups=1 makes this constructor a collective (it broadcasts the parameter order): a worker
             # joining an elastic job builds its optimizer alone, so elastic runs keep per-tensor groups.
-            groups=None if overlap or train_config.elastic else 1)
+            groups=None if self.overlap or train_config.elastic else 1)
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None

@@ -15,15 +15,18 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from recipes.bert_finetune.common import LABELS_FILE
+from recipes.bert_finetune.common import LABELS_FILE, label_record
 
 EXPORT_DIR = "model"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 KERAS_FILE = "model.keras"
 
 
-def write_export(output: Path, write_model: Callable[[Path], None], model_dir: Path, record: dict) -> Path:
-    """Write ``output/model``: ``write_model(folder)`` plus tokenizer files and ``labels.json``."""
+def write_export(output: Path, write_model: Callable[[Path], None], model_dir: Path, labels: list[str],
+                 max_length: int) -> Path:
+    """Write ``output/model``: ``write_model(folder)`` plus tokenizer files and ``labels.json``, and
+    say where it is and how to try it."""
+    record = label_record(labels, max_length)
     target = Path(output) / EXPORT_DIR
     tmp = Path(output) / f".tmp-{EXPORT_DIR}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -36,4 +39,6 @@ def write_export(output: Path, write_model: Callable[[Path], None], model_dir: P
     if target.exists():
         shutil.rmtree(target)
     os.rename(tmp, target)
+    print(f"hvdtrain: exported the fine-tuned model to {target} (try: hvdtrain predict {output} \"some text\")",
+          flush=True)
     return target

@@ -77,10 +77,8 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
     model = load_model(data.model_dir, data.model_config, data.labels, config.train.seed)
 
     def export_model(output: Path) -> None:
-        path = export.write_export(output, lambda folder: model.save(folder / export.KERAS_FILE), data.model_dir,
-                                   common.label_record(data.labels, config.text.max_length))
-        print(f"hvdtrain: exported the fine-tuned model to {path} "
-              f"(try: hvdtrain predict {output} \"some text\")", flush=True)
+        export.write_export(output, lambda folder: model.save(folder / export.KERAS_FILE),
+                            data.model_dir, data.labels, config.text.max_length)
 
     return hvdtrain.TrainTask(
         model=model,

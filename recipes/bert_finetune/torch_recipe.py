@@ -75,10 +75,8 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
     wrapped = LogitsOnly(model)
 
     def export_model(output: Path) -> None:
-        path = export.write_export(output, lambda folder: model.save_pretrained(folder), data.model_dir,
-                                   common.label_record(data.labels, config.text.max_length))
-        print(f"hvdtrain: exported the fine-tuned model to {path} "
-              f"(try: hvdtrain predict {output} \"some text\")", flush=True)
+        export.write_export(output, lambda folder: model.save_pretrained(folder),
+                            data.model_dir, data.labels, config.text.max_length)
 
     return hvdtrain.TrainTask(
         model=wrapped,
