@@ -19,7 +19,7 @@ from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, FrameworkMissingError, load_adapter
 from hvdtrain.core.checkpoint import CheckpointError, CheckpointManager
 from hvdtrain.core.config import (CheckpointConfig, ConfigError, DataConfig, ModelConfig, OptimConfig,
-                                  RunConfig, TrainConfig, load_config)
+                                  RunConfig, TrainConfig, load_config, option)
 from hvdtrain.core.loop import RunResult, Trainer, TrainingError, train
 from hvdtrain.core.registry import (RecipeError, define_recipe, get_recipe, list_recipes, register_recipe,
                                     unregister_recipe)
@@ -30,6 +30,6 @@ __all__ = [
     "ArrayDataset", "Callback", "CheckpointConfig", "CheckpointError", "CheckpointManager", "ConfigError", "DataConfig",
     "DistContext", "FrameworkAdapter", "FrameworkMissingError", "ModelConfig", "OptimConfig", "RecipeError",
     "RunConfig", "RunResult", "WorkerError", "TrainConfig", "TrainTask", "Trainer", "TrainingError", "accuracy_from_sums",
-    "define_recipe", "get_recipe", "list_recipes", "load_adapter", "load_config", "register_recipe", "run", "train",
+    "define_recipe", "get_recipe", "list_recipes", "load_adapter", "load_config", "option", "register_recipe", "run", "train",
     "unregister_recipe",
 ]

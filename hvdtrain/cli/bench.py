@@ -18,9 +18,6 @@ import click
 from hvdtrain.cli.common import USER_ERRORS, fail, main
 from hvdtrain.core.config import FRAMEWORKS, ConfigError, load_config
 
-MODELS = ("small_cnn", "resnet18", "resnet50")
-
-
 def _world_sizes(text: str) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
@@ -64,8 +61,10 @@ def _launch_each(sizes: list[int], controller: str, args: list[str]) -> list:
 
 @main.command("bench")
 @click.option("--framework", type=click.Choice(FRAMEWORKS), default="torch", show_default=True)
-@click.option("--model", type=click.Choice(MODELS), default="resnet50", show_default=True,
-              help="Image model of the image-classification recipe.")
+@click.option("--model", default="resnet50", show_default=True,
+              help="Image model of the recipe (image-classification: small_cnn, resnet18, resnet50).")
+@click.option("--recipe", default="image-classification", show_default=True,
+              help="Recipe whose bench_model hook builds the model (see `hvdtrain recipes`).")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Batch size per worker.")
 @click.option("--image-size", type=click.IntRange(8, 4096), default=224, show_default=True,
               help="Square image side of the synthetic batch.")
@@ -89,7 +88,7 @@ def _launch_each(sizes: list[int], controller: str, args: list[str]) -> list:
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None,
               help="Also write the result (every rank's samples/s per iteration) as JSON (rank 0).")
 @click.option("--quiet", is_flag=True, hidden=True)
-def bench_command(framework, model, batch_size, image_size, channels, num_warmup_batches, num_batches_per_iter,
+def bench_command(framework, model, recipe, batch_size, image_size, channels, num_warmup_batches, num_batches_per_iter,
                   num_iters, fp16_allreduce, threads, timeline, config_file, overrides, world_sizes, controller,
                   json_file, quiet) -> None:
     """Synthetic training benchmark: a fixed random batch through hvdtrain's adapter (warm-up, then
@@ -98,14 +97,14 @@ def bench_command(framework, model, batch_size, image_size, channels, num_warmup
     from hvdtrain.core.launch import under_launcher
 
     try:
-        config = load_config(None, config_file, overrides, framework=framework, model__name=model,
+        config = load_config(None, config_file, overrides, recipe=recipe, framework=framework, model__name=model,
                              train__batch_size=batch_size, train__threads=threads,
                              train__fp16_allreduce=fp16_allreduce or None, comm__timeline=timeline)
         if world_sizes is not None:
             if under_launcher():
                 raise ConfigError("--np starts horovodrun itself; run `hvdtrain bench --np ...` without a launcher")
             sizes = _world_sizes(world_sizes)
-            args = [f"--framework={framework}", f"--model={model}", f"--batch-size={batch_size}",
+            args = [f"--framework={framework}", f"--model={model}", f"--recipe={recipe}", f"--batch-size={batch_size}",
                     f"--image-size={image_size}", f"--channels={channels}",
                     f"--num-warmup-batches={num_warmup_batches}", f"--num-batches-per-iter={num_batches_per_iter}",
                     f"--num-iters={num_iters}"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from hvdtrain.cli.common import USER_ERRORS, fail, main
-from hvdtrain.core.config import FRAMEWORKS, load_config
+from hvdtrain.core.config import FRAMEWORKS, describe_keys, load_config
 from hvdtrain.core.plugins import resolve_recipe_name
 from hvdtrain.core.registry import get_recipe, list_recipes
 
@@ -39,9 +39,12 @@ from hvdtrain.core.registry import get_recipe, list_recipes
               "with horovodrun --min-np/--max-np --host-discovery-script.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key, e.g. --set optim.warmup_epochs=1 (repeatable).")
+@click.option("--keys", "show_keys", is_flag=True, help="List every config key of recipe NAME (its own sections "
+              "included) with its value after --config/--set, help, and allowed values; then exit.")
 def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, output, resume, fp16_allreduce,
-                   timeline, model, text_column, label_column, max_length, elastic, overrides) -> None:
-    """Train recipe NAME (see `hvdtrain recipes`), or the recipe in the Python file NAME (my_recipe.py)."""
+                   timeline, model, text_column, label_column, max_length, elastic, overrides, show_keys) -> None:
+    """Train recipe NAME (see `hvdtrain recipes`), or the recipe in the Python file NAME (my_recipe.py).
+    `hvdtrain recipe NAME --keys` lists the recipe's config keys."""
     from hvdtrain.core.loop import train
 
     try:
@@ -54,9 +57,23 @@ def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, o
                              text__text_column=text_column, text__label_column=label_column,
                              text__max_length=max_length, comm__timeline=timeline,
                              train__elastic=elastic or None)
+        if show_keys:
+            _print_keys(config, spec)
+            return
         train(config)
     except USER_ERRORS as exc:
         fail(exc)
+
+
+def _print_keys(config, spec) -> None:
+    own = set(spec.sections)
+    click.echo(f"Config keys of recipe {spec.name} (set with --set KEY=VALUE or a YAML/TOML file; "
+               f"its own sections: {', '.join(sorted(own)) or 'none'}):")
+    for key, value, text in describe_keys(config):
+        marker = "*" if key.split(".")[0] in own else " "
+        click.echo(f"{marker} {key} = {value!r}\n      {text}")
+    for old, new in spec.moved_keys.items():
+        click.echo(f"  {old}: old spelling of {new} (still accepted)")
 
 
 @main.command("recipes")

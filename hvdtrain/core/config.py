@@ -33,6 +33,14 @@ def _f(default: Any, help: str, *, choices: tuple | None = None, min: float | No
     return field(default=default, metadata=meta)
 
 
+def option(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
+           max: float | None = None, min_exclusive: bool = False) -> Any:
+    """A config field for a recipe's own section, declared exactly like the core's: a default, its
+    help text and, optionally, allowed ``choices`` or a ``min``/``max`` range (checked by
+    :func:`validate` in the same pass as the core's)."""
+    return _f(default, help, choices=choices, min=min, max=max, min_exclusive=min_exclusive)
+
+
 @dataclass
 class DataConfig:
     """Where the data comes from and how much of it is used."""
@@ -44,11 +52,7 @@ class DataConfig:
                         "'pad' repeats the first samples of the shuffled order, 'drop' leaves the last ones out",
                         choices=("pad", "drop"))
     shuffle: bool = _f(True, "reshuffle the training order every epoch (deterministic from seed and epoch)")
-    augment: bool | None = _f(None, "random crop and flip for natural images; None lets the recipe decide")
-    image_size: int | None = _f(None, "resize images to this square size; None keeps the native size", min=8)
     prefetch_batches: int = _f(2, "batches prepared ahead of time by a background thread", min=0)
-    bad_files: str = _f("error", "unreadable data files: 'error' stops naming the file, 'skip' leaves them out "
-                        "and reports how many", choices=("error", "skip"))
 
 
 @dataclass
@@ -124,21 +128,6 @@ class CheckpointConfig:
 
 
 @dataclass
-class TextConfig:
-    """Text files and tokenisation (text recipes such as bert-finetune)."""
-
-    text_column: str = _f("text", "CSV/TSV header or JSONL key holding the text")
-    label_column: str = _f("label", "CSV/TSV header or JSONL key holding the label")
-    max_length: int = _f(128, "truncate to this many tokens, special tokens included (batches are padded "
-                         "only to their longest sequence)", min=4, max=8192)
-    pad_to_multiple: int = _f(8, "round each batch's padded length up to a multiple of this (bounds "
-                              "TensorFlow retracing)", min=1, max=512)
-    val_path: str | None = _f(None, "validation file; None holds out text.val_fraction of data.path")
-    val_fraction: float = _f(0.1, "seeded fraction of data.path held out for validation when text.val_path "
-                             "is not given", min=0.0, max=0.9, min_exclusive=True)
-
-
-@dataclass
 class CommConfig:
     """How gradients travel between workers: Horovod's communication options, for both frameworks.
 
@@ -182,8 +171,17 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    text: TextConfig = field(default_factory=TextConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    sections: dict[str, Any] = field(default_factory=dict)
+    """Recipe-owned sections by name (``image``, ``text``, a user's own): dataclasses declared by the
+    recipe (:func:`hvdtrain.define_recipe` ``sections=``), read as ``config.<name>`` and written
+    as top-level sections of the config file, exactly like the core's."""
+
+    def __getattr__(self, name: str) -> Any:
+        sections = self.__dict__.get("sections") or {}
+        if name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute or recipe section {name!r}")
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -253,45 +251,93 @@ def _check_limits(value: Any, f: dataclasses.Field, key: str) -> None:
                           + (f" and >= {lo}" if lo is not None else ""))
 
 
-def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a nested dict, converting and validating every value."""
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "",
+              sections: dict[str, type] | None = None) -> Any:
+    """Build dataclass ``cls`` from a nested dict, converting and validating every value.
+
+    For :class:`RunConfig`, ``sections`` maps the recipe's own section names to their dataclasses;
+    those top-level keys become ``config.sections`` (every section present, defaults filled in).
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
     types = _field_types(cls)
     names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = [k for k in data if k not in names]
+    if cls is RunConfig:
+        sections = dict(sections or {})
+        names.pop("sections")
+        clash = sorted(set(sections) & set(names))
+        if clash:
+            raise ConfigError(f"recipe section {clash[0]!r} has the name of a core config key; rename the section")
+        types.update(sections)
+    else:
+        sections = {}
+    unknown = [k for k in data if k not in names and k not in sections]
     if unknown:
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}; allowed keys"
-                          f"{' in ' + prefix.rstrip('.') if prefix else ''}: {_allowed(cls)}")
-    kwargs = {}
+        allowed = ", ".join([*names, *sections])
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}"
+                          f"{_owner_hint(unknown[0]) if cls is RunConfig else ''}; allowed keys"
+                          f"{' in ' + prefix.rstrip('.') if prefix else ''}: {allowed}")
+    kwargs: dict[str, Any] = {}
+    recipe_sections = {name: tp() for name, tp in sections.items()}
     for name, value in data.items():
         tp, key = types[name], prefix + name
-        if _is_dataclass_type(tp):
+        if name in sections:
+            recipe_sections[name] = from_dict(tp, value, key + ".")
+        elif _is_dataclass_type(tp):
             kwargs[name] = from_dict(tp, value, key + ".")
         else:
             kwargs[name] = _coerce(value, tp, key)
+    if cls is RunConfig:
+        kwargs["sections"] = recipe_sections
     return cls(**kwargs)
 
 
+def _owner_hint(section: str) -> str:
+    """`` (a section of recipe X)`` when another registered recipe declares ``section``."""
+    from hvdtrain.core.registry import recipes_declaring
+
+    owners = recipes_declaring(section)
+    return f" (a section of recipe {', '.join(owners)}, not of this one)" if owners else ""
+
+
 def validate(config: RunConfig) -> RunConfig:
-    """The one validation pass: re-checks every field's type, choices and range, then cross-field rules."""
-    from_dict(RunConfig, to_dict(config))  # types and unknown keys
+    """The one validation pass: re-checks every field's type, choices and range (core and recipe
+    sections alike), then each section's own cross-field rules (a ``check()`` method, if any)."""
+    from_dict(RunConfig, to_dict(config), sections=section_types(config))  # types and unknown keys
     _walk_limits(config, "")
+    for name, section in config.sections.items():
+        check = getattr(section, "check", None)
+        if callable(check):
+            problem = check()
+            if problem:
+                raise ConfigError(f"{name}: {problem}")
     return config
+
+
+def section_types(config: RunConfig) -> dict[str, type]:
+    """The dataclass of each recipe section in ``config``."""
+    return {name: type(value) for name, value in config.sections.items()}
 
 
 def _walk_limits(obj: Any, prefix: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
+        if f.name == "sections" and isinstance(obj, RunConfig):
+            for name, section in value.items():
+                _walk_limits(section, prefix + name + ".")
+        elif dataclasses.is_dataclass(value):
             _walk_limits(value, prefix + f.name + ".")
         else:
             _check_limits(value, f, prefix + f.name)
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """The config as a plain nested dict (what is saved and broadcast)."""
-    return dataclasses.asdict(config)
+    """The config as a plain nested dict (what is saved and broadcast); recipe sections appear as
+    top-level sections next to the core's."""
+    data = dataclasses.asdict(config)
+    if isinstance(config, RunConfig):
+        data.update(data.pop("sections"))
+    return data
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -360,20 +406,112 @@ def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None 
     """Resolve a RunConfig: dataclass defaults < recipe ``defaults`` < ``file`` < ``top`` < ``overrides``.
 
     ``top`` takes dotted keys as keyword names with ``__`` for dots (``train__epochs=3``) and skips
-    None values, which is what the CLI's optional flags pass.
+    None values, which is what the CLI's optional flags pass. The recipe in force (the last
+    ``recipe`` given, else the default) supplies its own sections and the old spellings of keys it
+    moved out of the core (``data.image_size`` -> ``image.size``): an old spelling still works and
+    rank 0 prints a note saying where the key went.
     """
+    file_data = read_file(file) if file else {}
+    pairs = [(key.replace("__", "."), value) for key, value in top.items() if value is not None]
+    pairs += [parse_override(text) for text in overrides]
+    recipe = next((v for k, v in reversed(pairs) if k == "recipe"),
+                  file_data.get("recipe", (defaults or {}).get("recipe", RunConfig.recipe)))
+    recipe = str(recipe)
+    sections, moved = recipe_schema(recipe)
     data: dict[str, Any] = {}
-    if defaults:
-        data = merge(data, defaults)
-    if file:
-        data = merge(data, read_file(file))
-    for key, value in top.items():
-        if value is not None:
-            _set_path(data, key.replace("__", "."), value)
-    for text in overrides:
-        key, value = parse_override(text)
-        _set_path(data, key, value)
-    return validate(from_dict(RunConfig, data))
+    for layer in (defaults or {}, file_data):
+        data = merge(data, _apply_moves(layer, moved, recipe))
+    for key, value in pairs:
+        layer: dict[str, Any] = {}
+        _set_path(layer, key, value)
+        relocated = _apply_moves(layer, moved, recipe)
+        if relocated != layer:  # an old spelling: set at its new place
+            data = merge(data, relocated)
+        else:
+            _set_path(data, key, value)
+    return validate(from_dict(RunConfig, data, sections=sections))
+
+
+def recipe_schema(recipe: str) -> tuple[dict[str, type], dict[str, str]]:
+    """Recipe ``recipe``'s own sections and moved keys (empty for a recipe not registered yet)."""
+    from hvdtrain.core.registry import RecipeError, get_recipe
+
+    try:
+        spec = get_recipe(recipe)
+    except RecipeError:
+        return {}, {}
+    return dict(spec.sections), dict(spec.moved_keys)
+
+
+_NOTED: set[str] = set()
+
+
+def _pop_path(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    parts, node = dotted.split("."), data
+    for part in parts[:-1]:
+        node = node.get(part)
+        if not isinstance(node, dict):
+            return False, None
+    if parts[-1] not in node:
+        return False, None
+    return True, node.pop(parts[-1])
+
+
+def _apply_moves(layer: dict[str, Any], moved: dict[str, str], recipe: str) -> dict[str, Any]:
+    """``layer`` with every old key spelling of ``moved`` rewritten to its new place; an old key
+    that another recipe moved is an error naming where it belongs."""
+    from hvdtrain.core.registry import moved_elsewhere
+
+    layer = copy.deepcopy(layer)
+    for old, new in moved.items():
+        found, value = _pop_path(layer, old)
+        if found:
+            _set_path(layer, new, value)
+            _note(old, f"{old} is now {new} (a key of recipe {recipe}); the old spelling still works")
+    for old, (new, owner) in moved_elsewhere(recipe).items():
+        found, _ = _pop_path(copy.deepcopy(layer), old)
+        if found:
+            raise ConfigError(f"unknown config key {old}: it moved to {new}, a key of recipe {owner}; "
+                              f"recipe {recipe} has no such key")
+    return layer
+
+
+def _note(key: str, message: str) -> None:
+    """Print ``message`` once per process, on rank 0 only (or outside a launcher)."""
+    import os
+    import sys
+
+    rank = next((os.environ[v] for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if v in os.environ), "0")
+    if key not in _NOTED and rank == "0":
+        _NOTED.add(key)
+        print(f"hvdtrain: note: {message}", file=sys.stderr, flush=True)
+
+
+def describe_keys(config: RunConfig) -> list[tuple[str, Any, str]]:
+    """Every key of ``config`` (core and recipe sections) as ``(dotted key, value, help)``; the help
+    ends with the allowed choices or range."""
+    rows: list[tuple[str, Any, str]] = []
+
+    def walk(obj: Any, prefix: str) -> None:
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.name == "sections" and isinstance(obj, RunConfig):
+                for name, section in value.items():
+                    walk(section, name + ".")
+            elif dataclasses.is_dataclass(value):
+                walk(value, prefix + f.name + ".")
+            else:
+                meta, extra = f.metadata, ""
+                if meta.get("choices"):
+                    extra = f" [{', '.join(map(str, meta['choices']))}]"
+                elif meta.get("min") is not None or meta.get("max") is not None:
+                    lo = "" if meta.get("min") is None else f"{'>' if meta.get('min_exclusive') else '>='} {meta['min']}"
+                    hi = "" if meta.get("max") is None else f"<= {meta['max']}"
+                    extra = f" [{', '.join(p for p in (lo, hi) if p)}]"
+                rows.append((prefix + f.name, value, str(meta.get("help", "")) + extra))
+
+    walk(config, "")
+    return rows
 
 
 def dump_yaml(config: RunConfig) -> str:

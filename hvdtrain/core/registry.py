@@ -25,6 +25,12 @@ class RecipeError(LookupError):
 class RecipeSpec:
     """One recipe: description, config defaults, and a builder per framework.
 
+    ``sections`` maps the names of the recipe's own config sections to dataclasses whose fields
+    are declared with :func:`hvdtrain.core.config.option` (help, choices, range); they are set
+    with ``--set name.key=value`` or a file's ``name:`` section and read as ``config.name``.
+    ``moved_keys`` maps old spellings of keys that moved into those sections to their new place
+    (``{"data.image_size": "image.size"}``); the old spelling keeps working, with a note.
+
     A builder takes ``(config, ctx)`` (a :class:`~hvdtrain.core.config.RunConfig` and a
     :class:`~hvdtrain.core.adapter.DistContext`) and returns a
     :class:`~hvdtrain.core.task.TrainTask`.
@@ -34,6 +40,12 @@ class RecipeSpec:
     description: str = ""
     defaults: dict[str, Any] = field(default_factory=dict)
     builders: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    sections: dict[str, type] = field(default_factory=dict)
+    moved_keys: dict[str, str] = field(default_factory=dict)
+    hooks: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    """Named entry points other commands reach through the registry instead of importing the
+    recipe: ``bench_model(framework, name, channels, image_size, num_classes)`` for
+    ``hvdtrain bench``, ``predict(run_dir, texts)`` for ``hvdtrain predict``."""
 
 
 _RECIPES: dict[str, RecipeSpec] = {}
@@ -41,14 +53,24 @@ _builtins_loaded = False
 
 
 def define_recipe(name: str, description: str = "", defaults: dict[str, Any] | None = None,
-                  replace: bool = False) -> RecipeSpec:
-    """Declare recipe ``name`` with its description and config defaults (a nested dict).
+                  replace: bool = False, sections: dict[str, type] | None = None,
+                  moved_keys: dict[str, str] | None = None,
+                  hooks: dict[str, Callable[..., Any]] | None = None) -> RecipeSpec:
+    """Declare recipe ``name`` with its description, config defaults (a nested dict), its own
+    config ``sections`` (name -> dataclass), ``moved_keys`` (old dotted key -> new) and ``hooks``
+    (see :class:`RecipeSpec`).
 
     ``replace=True`` drops an existing recipe of that name first (a notebook cell run twice).
     """
     if name in _RECIPES and not replace:
         raise RecipeError(f"recipe {name!r} is already defined")
-    spec = RecipeSpec(name, description, dict(defaults or {}))
+    import dataclasses
+
+    for section, cls in (sections or {}).items():
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            raise RecipeError(f"recipe {name!r}: section {section!r} must be a dataclass, got {cls!r}")
+    spec = RecipeSpec(name, description, dict(defaults or {}), sections=dict(sections or {}),
+                      moved_keys=dict(moved_keys or {}), hooks=dict(hooks or {}))
     _RECIPES[name] = spec
     return spec
 
@@ -123,3 +145,26 @@ def get_builder(name: str, framework: str) -> Callable[..., Any]:
         have = ", ".join(sorted(spec.builders)) or "none"
         raise RecipeError(f"recipe {name!r} has no {framework!r} version; available frameworks: {have}")
     return spec.builders[framework]
+
+
+def recipes_declaring(section: str) -> list[str]:
+    """Names of the known recipes that declare config section ``section``."""
+    return [name for name, spec in list_recipes().items() if section in spec.sections]
+
+
+def moved_elsewhere(recipe: str) -> dict[str, tuple[str, str]]:
+    """Old key spellings moved by recipes other than ``recipe`` (and not by it): old -> (new, owner)."""
+    recipes = list_recipes()
+    own = recipes[recipe].moved_keys if recipe in recipes else {}
+    return {old: (new, name) for name, spec in recipes.items() if name != recipe
+            for old, new in spec.moved_keys.items() if old not in own}
+
+
+def get_hook(name: str, hook: str) -> Callable[..., Any]:
+    """Entry point ``hook`` of recipe ``name`` (see :class:`RecipeSpec`), or a RecipeError naming
+    the recipes that have it."""
+    spec = get_recipe(name)
+    if hook not in spec.hooks:
+        have = ", ".join(n for n, s in list_recipes().items() if hook in s.hooks) or "none"
+        raise RecipeError(f"recipe {name!r} provides no {hook!r}; recipes that do: {have}")
+    return spec.hooks[hook]

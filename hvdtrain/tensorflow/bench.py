@@ -1,6 +1,6 @@
-"""The TensorFlow side of `hvdtrain bench`: a Keras image model from the image-classification
-recipe and one fixed random batch (NHWC), kept on the training device like Horovod's synthetic
-benchmark."""
+"""The TensorFlow side of `hvdtrain bench`: a Keras image model from the recipe's ``bench_model``
+hook (image-classification's by default) and one fixed random batch (NHWC), kept on the training
+device like Horovod's synthetic benchmark."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def _correct(logits: Any, labels: Any) -> dict[str, Any]:
 
 def synthetic_task(config: Any, settings: Any) -> TrainTask:
     """A TrainTask whose train and val data are the same fixed random batch (seeded by train.seed)."""
-    from recipes.image_classification.keras_models import build_model
+    from hvdtrain.core.registry import get_hook
+
 
     classes = config.model.num_classes or DEFAULT_CLASSES
     size, batch = settings.image_size, config.train.batch_size
@@ -34,7 +35,7 @@ def synthetic_task(config: Any, settings: Any) -> TrainTask:
     data = ArrayDataset(rng.standard_normal((batch, size, size, settings.channels), dtype=np.float32),
                         rng.integers(0, classes, size=batch, dtype=np.int64))
     keras.utils.set_random_seed(config.train.seed)
-    model = build_model(config.model.name, (size, size, settings.channels), classes)
+    model = get_hook(config.recipe, "bench_model")("tensorflow", config.model.name, settings.channels, size, classes)
     return TrainTask(model=model, optimizer=build_optimizer(config.optim), loss_fn=_loss,
                      train_data=data, val_data=data, metric_sums=_correct)
 

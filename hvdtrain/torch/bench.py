@@ -1,4 +1,5 @@
-"""The torch side of `hvdtrain bench`: an image model from the image-classification recipe and one
+"""The torch side of `hvdtrain bench`: an image model from the recipe's
+``bench_model`` hook (image-classification's by default) and one
 fixed random batch (NCHW), kept on the training device like Horovod's synthetic benchmark."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ DEFAULT_CLASSES = 1000  # ImageNet, as in Horovod's benchmark
 
 def synthetic_task(config: Any, settings: Any) -> TrainTask:
     """A TrainTask whose train and val data are the same fixed random batch (seeded by train.seed)."""
-    from recipes.image_classification.torch_models import build_model
+    from hvdtrain.core.registry import get_hook
+
 
     classes = config.model.num_classes or DEFAULT_CLASSES
     size, batch = settings.image_size, config.train.batch_size
@@ -25,7 +27,7 @@ def synthetic_task(config: Any, settings: Any) -> TrainTask:
     data = ArrayDataset(rng.standard_normal((batch, settings.channels, size, size), dtype=np.float32),
                         rng.integers(0, classes, size=batch, dtype=np.int64))
     torch.manual_seed(config.train.seed)
-    model = build_model(config.model.name, settings.channels, (size, size), classes)
+    model = get_hook(config.recipe, "bench_model")("torch", config.model.name, settings.channels, size, classes)
     return TrainTask(model=model, optimizer=build_optimizer(model.parameters(), config.optim),
                      loss_fn=lambda logits, labels: F.cross_entropy(logits.float(), labels),
                      train_data=data, val_data=data,

@@ -22,6 +22,7 @@ gradient clipping through the core's options.
 """
 
 import hvdtrain
+from recipes.bert_finetune.config import TextConfig
 
 DEFAULTS = {
     "model": {"name": "sentence-transformers/all-MiniLM-L6-v2"},
@@ -35,7 +36,16 @@ hvdtrain.define_recipe(
     "bert-finetune",
     description="BERT-family text classification from a Hugging Face directory (default: MiniLM on movie reviews)",
     defaults=DEFAULTS,
+    sections={"text": TextConfig},
+    hooks={"predict": lambda run_dir, texts: _predict(run_dir, texts)},
 )
+
+
+def _predict(run_dir, texts):
+    """Predictions of a run's exported model (``hvdtrain predict``)."""
+    from recipes.bert_finetune.predict import predict
+
+    return predict(run_dir, texts)
 
 
 @hvdtrain.register_recipe("bert-finetune", framework="torch")

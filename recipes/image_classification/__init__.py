@@ -8,19 +8,24 @@ Run it on 2 workers::
     horovodrun -np 2 -H localhost:2 hvdtrain recipe image-classification --framework torch
     horovodrun -np 2 -H localhost:2 hvdtrain recipe image-classification --framework tensorflow
 
-Your own images (``root/train/<class>/*.jpg``, ``root/val/<class>/*.jpg``) on a cluster::
+ImageNet (``root/train/<class>/*.JPEG``; ``root/val/<class>/*.JPEG`` or the flat ``root/val`` with
+the challenge's ``LOC_val_solution.csv``) on a cluster::
 
     horovodrun -np 8 -H node1:4,node2:4 hvdtrain recipe image-classification --framework torch \\
-        --data /data/imagenet --set model.name=resnet50 --set data.image_size=224 --epochs 90 \\
-        --batch-size 64 --lr 0.0125 --set optim.warmup_epochs=5 --set optim.weight_decay=5e-5
+        --data /data/imagenet --set image.val_labels=/data/imagenet/LOC_val_solution.csv \\
+        --model resnet50 --set image.size=224 --epochs 90 --batch-size 64 --lr 0.0125 \\
+        --set optim.warmup_epochs=5 --set optim.weight_decay=5e-5
 
-Models: ``small_cnn`` (CPU default), ``resnet18``, ``resnet50``.
+Models: ``auto`` (default: ``small_cnn`` up to 64 pixels, ``resnet50`` above), ``small_cnn``,
+``resnet18``, ``resnet50``. The ``image`` section (size, transform policy, decoding workers, bad
+files, validation labels) is listed by ``hvdtrain recipe image-classification --keys``.
 """
 
 import hvdtrain
+from recipes.image_classification.config import MOVED_KEYS, ImageConfig
 
 DEFAULTS = {
-    "model": {"name": "small_cnn"},
+    "model": {"name": "auto"},
     "train": {"epochs": 2, "batch_size": 64},
     "optim": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "warmup_epochs": 0.2, "decay": "cosine"},
 }
@@ -29,7 +34,21 @@ hvdtrain.define_recipe(
     "image-classification",
     description="ImageFolder image classification (default: embedded MNIST); small_cnn, resnet18, resnet50",
     defaults=DEFAULTS,
+    sections={"image": ImageConfig},
+    moved_keys=MOVED_KEYS,
+    hooks={"bench_model": lambda *args: bench_model(*args)},
 )
+
+
+def bench_model(framework, name, channels, image_size, num_classes):
+    """A model for ``hvdtrain bench`` (float inputs in the framework's layout)."""
+    if framework == "torch":
+        from recipes.image_classification.torch_models import build_model
+
+        return build_model(name, channels, (image_size, image_size), num_classes)
+    from recipes.image_classification.keras_models import build_model
+
+    return build_model(name, (image_size, image_size, channels), num_classes)
 
 
 @hvdtrain.register_recipe("image-classification", framework="torch")

@@ -2,23 +2,77 @@
 
 from __future__ import annotations
 
-from recipes.image_classification.data import embedded_mnist, load_image_folder
+import numpy as np
+
+from hvdtrain.data.normalize import normalize_numpy
+from recipes.image_classification.config import ImageConfig
+from recipes.image_classification.data import default_workers, embedded_mnist, load_image_folder
+
+LARGE_IMAGE_MODEL = "resnet50"
+_POOLS: dict[int, object] = {}
 
 
-def load_datasets(config, ctx, channels_first: bool):
-    """Train and val datasets from ``--data`` or the embedded MNIST, and the number of classes."""
+def image_section(config) -> ImageConfig:
+    """The run's ``image`` section (its defaults for a recipe that does not declare it)."""
+    return config.sections.get("image") or ImageConfig()
+
+
+def _pool(workers: int):
+    """One decoding pool per process and worker count, started from the calling (main) thread."""
+    if workers not in _POOLS:
+        from hvdtrain.data.workers import WorkerPool
+
+        _POOLS[workers] = WorkerPool(workers)
+    return _POOLS[workers]
+
+
+def load_image_data(config, ctx):
+    """uint8 NHWC train and val datasets from ``--data`` or the embedded MNIST, and the number of classes."""
+    image = image_section(config)
     root = config.data.path or embedded_mnist()
+    workers = default_workers(ctx.local_size) if image.workers is None else image.workers
     train, val, classes = load_image_folder(
-        root, image_size=config.data.image_size, augment=config.data.augment,
-        channels_first=channels_first, seed=config.train.seed,
-        max_train=config.data.max_train_samples, max_val=config.data.max_val_samples,
-        bad_files=config.data.bad_files)
-    skipped = train.skipped + val.skipped
-    if skipped and ctx.is_main:
-        print(f"hvdtrain: skipped {len(skipped)} unreadable image(s) (data.bad_files=skip), "
-              f"first: {skipped[0]}", flush=True)
+        root, image, seed=config.train.seed, max_train=config.data.max_train_samples,
+        max_val=config.data.max_val_samples, pool=_pool(workers) if workers > 0 else None)
     num_classes = config.model.num_classes or len(classes)
     if num_classes < len(classes):
         raise ValueError(f"model.num_classes={num_classes} is smaller than the {len(classes)} class "
                          f"folders found in {root}")
+    if ctx.is_main:
+        index = train.index
+        print(f"hvdtrain: images: {len(train.index):,} train / {len(val.index):,} val files in {len(classes)} classes "
+              f"(index {'built' if index.built else 'cached'}: {index.nbytes / 2**20:.1f} MiB); "
+              f"{train.policy.size}x{train.policy.size}x{train.channels}, {train.policy.kind}: {train.policy.describe()}; "
+              f"{workers or 'no'} decoding worker(s) per rank", flush=True)
     return train, val, num_classes
+
+
+def model_name(config, train) -> str:
+    """``model.name``, with ``auto`` resolved: small_cnn up to 64 pixels, else ResNet-50."""
+    name = config.model.name
+    if name == "auto":
+        return "small_cnn" if train.policy.size <= 64 else LARGE_IMAGE_MODEL
+    return name
+
+
+class FloatImages:
+    """A uint8 image dataset seen as normalised float32 batches (NCHW with ``channels_first``), for
+    recipes that feed the model host-side floats."""
+
+    def __init__(self, images, channels_first: bool):
+        self.images, self.channels_first = images, channels_first
+        self.image_size, self.channels = images.image_size, images.channels
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def get_batch(self, indices: np.ndarray, epoch: int):
+        """Normalised float32 images and int64 labels."""
+        x, y = self.images.get_batch(indices, epoch)
+        return normalize_numpy(x, self.channels_first), y
+
+
+def load_datasets(config, ctx, channels_first: bool):
+    """Float32 normalised train and val datasets (NCHW with ``channels_first``) and the number of classes."""
+    train, val, num_classes = load_image_data(config, ctx)
+    return FloatImages(train, channels_first), FloatImages(val, channels_first), num_classes

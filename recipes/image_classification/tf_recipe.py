@@ -7,7 +7,8 @@ import tensorflow as tf
 
 import hvdtrain
 from hvdtrain.tensorflow import build_optimizer
-from recipes.image_classification.common import load_datasets
+from hvdtrain.tensorflow.images import normalize_inputs
+from recipes.image_classification.common import load_image_data, model_name
 from recipes.image_classification.keras_models import build_model
 
 
@@ -20,10 +21,12 @@ def _correct(logits, labels):
 
 
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
-    """Model, optimizer, loss and data for one worker; the adapter wires up Horovod."""
-    train, val, num_classes = load_datasets(config, ctx, channels_first=False)
+    """Model, optimizer, loss and data for one worker; the adapter wires up Horovod. Batches
+    arrive as uint8 NHWC; the model's first layer normalises them on its device."""
+    train, val, num_classes = load_image_data(config, ctx)
     keras.utils.set_random_seed(config.train.seed)  # identical init everywhere; rank 0's weights are broadcast anyway
-    model = build_model(config.model.name, (*train.image_size, train.channels), num_classes)
+    shape = (*train.image_size, train.channels)
+    model = normalize_inputs(build_model(model_name(config, train), shape, num_classes), shape)
     return hvdtrain.TrainTask(
         model=model,
         optimizer=build_optimizer(config.optim),

@@ -7,15 +7,17 @@ import torch.nn.functional as F
 
 import hvdtrain
 from hvdtrain.torch import build_optimizer
-from recipes.image_classification.common import load_datasets
+from hvdtrain.torch.images import normalize_inputs
+from recipes.image_classification.common import load_image_data, model_name
 from recipes.image_classification.torch_models import build_model
 
 
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
-    """Model, optimizer, loss and data for one worker; the adapter wires up Horovod."""
-    train, val, num_classes = load_datasets(config, ctx, channels_first=True)
+    """Model, optimizer, loss and data for one worker; the adapter wires up Horovod. Batches
+    arrive as uint8 NHWC; the model's input hook normalises them on its device."""
+    train, val, num_classes = load_image_data(config, ctx)
     torch.manual_seed(config.train.seed)  # identical init everywhere; rank 0's weights are broadcast anyway
-    model = build_model(config.model.name, train.channels, train.image_size, num_classes)
+    model = normalize_inputs(build_model(model_name(config, train), train.channels, train.image_size, num_classes))
     return hvdtrain.TrainTask(
         model=model,
         optimizer=build_optimizer(model.parameters(), config.optim),

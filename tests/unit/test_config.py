@@ -14,7 +14,7 @@ from hvdtrain.core.config import (FRAMEWORKS, CheckpointConfig, ConfigError, Dat
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "train": TrainConfig,
             "checkpoint": CheckpointConfig}
-TOP_KEYS = [f.name for f in dataclasses.fields(RunConfig)]
+TOP_KEYS = [f.name for f in dataclasses.fields(RunConfig) if f.name != "sections"]  # + the recipe's own
 
 
 def _names(cls: type) -> list[str]:
@@ -32,7 +32,8 @@ def _assert_mentions(message: str, *parts: str) -> None:
 def test_defaults_load():
     config = load_config()
     assert isinstance(config, RunConfig)
-    assert config == RunConfig()
+    assert dataclasses.replace(config, sections={}) == RunConfig()
+    assert set(config.sections) == {"image"}  # the default recipe's own section
     assert config.recipe == "image-classification"
     assert config.framework == "torch"
     assert config.train.epochs == 1
@@ -117,7 +118,7 @@ def test_toml_file_loads(tmp_path):
 def test_empty_yaml_file_gives_defaults(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("")
-    assert load_config(file=path) == RunConfig()
+    assert dataclasses.replace(load_config(file=path), sections={}) == RunConfig()
 
 
 def test_precedence_defaults_recipe_file_keywords_overrides(tmp_path):
@@ -194,8 +195,9 @@ def test_parse_override_types_values_via_yaml(text, key, value):
     ("checkpoint.resume=yes", "checkpoint", "resume", True),
     ("data.shuffle=false", "data", "shuffle", False),
     ("train.threads=null", "train", "threads", None),
-    ("data.augment=null", "data", "augment", None),
-    ("data.augment=true", "data", "augment", True),
+    ("data.augment=null", "image", "augment", None),  # old spelling of image.augment
+    ("data.augment=true", "image", "augment", True),
+    ("image.augment=false", "image", "augment", False),
     ("optim.grad_clip_norm=1.5", "optim", "grad_clip_norm", 1.5),
     ("model.name=resnet18", "model", "name", "resnet18"),
 ])
@@ -292,7 +294,7 @@ def test_bad_choice_lists_choices(override, key, choices):
     ("optim.lr=-0.1", "optim.lr", "> 0.0"),
     ("optim.min_lr_ratio=2", "optim.min_lr_ratio", "<= 1.0"),
     ("optim.grad_clip_norm=0", "optim.grad_clip_norm", "> 0.0"),
-    ("data.image_size=4", "data.image_size", ">= 8"),
+    ("data.image_size=4", "image.size", ">= 8"),
     ("model.num_classes=1", "model.num_classes", ">= 2"),
     ("checkpoint.keep_last=0", "checkpoint.keep_last", ">= 1"),
 ])
@@ -455,9 +457,9 @@ def test_dump_yaml_is_plain_nested_yaml():
     config = _non_default_config()
     data = yaml.safe_load(dump_yaml(config))
     assert data == to_dict(config)
-    assert list(data) == TOP_KEYS
+    assert list(data) == TOP_KEYS + ["image"]  # the image-classification recipe's own section comes last
     assert data["train"]["epochs"] == 7
-    assert data["data"]["augment"] is False
+    assert data["image"]["augment"] is False
     assert data["model"]["num_classes"] == 10
 
 

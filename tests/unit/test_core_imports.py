@@ -99,7 +99,7 @@ def test_core_imports_without_any_framework(repo_root):
     assert "image-classification" in result["recipes"]
     assert result["builders"] == ["tensorflow", "torch"]
     assert result["framework"] == "tensorflow"
-    assert result["model"] == "small_cnn"
+    assert result["model"] == "auto"  # small_cnn up to 64 pixels, resnet50 above
     assert result["loaded_blocked"] == []
 
 
