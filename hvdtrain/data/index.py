@@ -154,14 +154,20 @@ def _scan_flat(split_dir: Path, labels_file: Path, classes: list[str] | None) ->
     return list(known), names, labels
 
 
-def _first_header(path: Path) -> tuple[tuple[int, int], str]:
+def _first_header(split_dir: Path, names: list[bytes]) -> tuple[tuple[int, int], str]:
+    """Size and mode of the first readable image among the first few (an unreadable one is left
+    for the decoder to report or replace)."""
     from PIL import Image
 
-    try:
-        with Image.open(path) as img:
-            return img.size, img.mode
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise DataError(f"cannot read image {path}: {exc}") from None
+    error = None
+    for name in names[:16]:
+        path = split_dir / name.decode("utf-8")
+        try:
+            with Image.open(path) as img:
+                return img.size, img.mode
+        except (OSError, SyntaxError, ValueError) as exc:
+            error = error or f"cannot read image {path}: {exc}"
+    raise DataError(f"{error} (nor any of the next {min(len(names), 16) - 1} images)")
 
 
 def _build(split_dir: Path, labels_file: Path | None, classes: list[str] | None, target: Path, key: str) -> None:
@@ -173,7 +179,7 @@ def _build(split_dir: Path, labels_file: Path | None, classes: list[str] | None,
     offsets = np.zeros(len(names) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     blob = np.frombuffer(b"".join(names), dtype=np.uint8)
-    size, mode = _first_header(split_dir / names[0].decode("utf-8"))
+    size, mode = _first_header(split_dir, names)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

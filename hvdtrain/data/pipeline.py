@@ -10,6 +10,7 @@ number of steps) and the count is reported once per epoch.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from dataclasses import dataclass, field
@@ -112,6 +113,7 @@ class ImageDataset:
         self._epoch: int | None = None
         self._skipped: list[str] = []
         self.skipped_per_epoch: dict[int, int] = {}
+        atexit.register(self.report)  # the last epoch's count (no later batch announces its end)
 
     def __len__(self) -> int:
         return self._count
