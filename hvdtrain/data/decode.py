@@ -2,10 +2,9 @@
 
 Pillow does the work: for a JPEG, ``Image.draft`` asks libjpeg(-turbo) for DCT-domain scaling
 (1/2, 1/4 or 1/8 of the full size, the smallest that still gives the crop box at least the output
-resolution), so a small crop of a large photo is decoded at a fraction of the cost, and for
-Pillow's draft mode (fast integer IDCT, plain chroma upsampling: about 40 % less decode time; the
-IDCT is the one ``tf.io.decode_jpeg`` uses by default); then ``resize`` with the crop ``box``
-resamples only that region (antialiased bilinear).
+resolution), so a small crop of a large photo is decoded at a fraction of the cost; then
+``resize`` with the crop ``box`` resamples only that region (antialiased bilinear), straight from
+the decoded image (no intermediate crop copy).
 Other formats are decoded whole. (Why Pillow: see "The image pipeline" in README.md and the
 decoder comparison in BENCHMARKS.md.)
 """
@@ -38,10 +37,9 @@ def decode(path: str | Path, policy: TransformPolicy, op_for, grayscale: bool) -
         box = op.box or (0, 0, width, height)
         left, top, w, h = box
         if img.format == "JPEG":
-            reduce = max(1.0, min(w / size, h / size))  # how much smaller the output is than the box
-            img.draft(mode, (int(np.ceil(width / reduce)), int(np.ceil(height / reduce))))
-            if img.decoderconfig:  # Pillow's draft decoding: libjpeg's fast integer IDCT and plain
-                img.decoderconfig = (img.decoderconfig[0], 1)  # chroma upsampling (tf.data: fast IDCT too)
+            reduce = min(w / size, h / size)  # how much smaller the output is than the box
+            if reduce >= 2:
+                img.draft(mode, (int(np.ceil(width / reduce)), int(np.ceil(height / reduce))))
         sx, sy = img.size[0] / width, img.size[1] / height
         if img.mode != mode:
             img = img.convert(mode)

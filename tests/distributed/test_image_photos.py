@@ -27,15 +27,18 @@ def photos(tmp_path_factory):
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_two_ranks_learn_real_photos(tmp_path, photos, framework):
     out = tmp_path / "run"
-    extra = []
+    extra, bad = [], photos / "train" / "coffee" / "00007.JPEG"
+    original = bad.read_bytes()
     if framework == "torch":  # one corrupt JPEG, replaced by a stand-in on whichever rank meets it
-        bad = photos / "train" / "coffee" / "00007.JPEG"
-        bad.write_bytes(bad.read_bytes()[:400])
+        bad.write_bytes(original[:400])
         extra = ["--set", "image.bad_files=skip"]
-    proc = horovodrun([hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--data", photos,
-                       "--output", out, "--model", "small_cnn", "--epochs", "6", "--batch-size", "16", "--lr", "0.02",
-                       "--set", "image.size=32", "--set", "image.workers=1", "--set", "train.log_every=0",
-                       "--set", "optim.warmup_epochs=0", *extra], env={"HVDTRAIN_DATA_CACHE": str(tmp_path / "cache")})
+    try:
+        proc = horovodrun([hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--data", photos,
+                          "--output", out, "--model", "small_cnn", "--epochs", "6", "--batch-size", "16", "--lr", "0.02",
+                          "--set", "image.size=32", "--set", "image.workers=1", "--set", "train.log_every=0",
+                          "--set", "optim.warmup_epochs=0", *extra], env={"HVDTRAIN_DATA_CACHE": str(tmp_path / "cache")})
+    finally:
+        bad.write_bytes(original)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(rows) == 6 and rows[-1]["world_size"] == 2
     assert rows[-1]["val_accuracy"] >= 0.6, rows  # chance: 0.25
