@@ -127,6 +127,33 @@ class FrameworkAdapter(ABC):
     def load_state(self, directory: Path) -> None:
         """Read model and optimizer state written by :meth:`save_state`."""
 
+    # Gradient compression and local SGD (hvdtrain.core.compression): the adapter sets comm_exchange
+    # in prepare() when the run uses them; these hooks are no-ops otherwise.
+    comm_exchange: Any = None
+
+    def comm_state(self) -> dict[str, Any] | None:
+        """This rank's exchange state (error buffers, Q matrices, counters, local-SGD replica) as
+        NumPy arrays for the checkpoint; None when the run has no such state."""
+        return None if self.comm_exchange is None else self.comm_exchange.comm_state()
+
+    def load_comm_state(self, state: dict[str, Any]) -> None:
+        """Continue from what :meth:`comm_state` returned on this rank (same world size)."""
+        if self.comm_exchange is not None:
+            self.comm_exchange.load_comm_state(state)
+
+    def reset_comm_state(self, reason: str) -> None:
+        """Start the exchange state afresh (a world-size change), saying so on rank 0."""
+        if self.comm_exchange is not None:
+            self.comm_exchange.reset_comm_state()
+            if self.context().is_main:
+                print(f"hvdtrain: {reason}: gradient-compression / local-SGD state starts afresh", flush=True)
+
+    def sync_replicas(self) -> None:
+        """Local SGD: average the workers' models now (a collective; before evaluations). Otherwise
+        the replicas are equal already and nothing happens."""
+        if self.comm_exchange is not None:
+            self.comm_exchange.sync_replicas()
+
     def allreduce_mean(self, values: dict[str, float], ctx: DistContext) -> dict[str, float]:
         """Average each value across ranks."""
         return {k: v / ctx.size for k, v in self.allreduce_sums(values).items()}

@@ -157,6 +157,23 @@ class CommConfig:
                               "Perfetto) of every collective to this file on rank 0 (HOROVOD_TIMELINE)")
     timeline_mark_cycles: bool = _f(False, "also mark each background-thread cycle in the timeline "
                                     "(HOROVOD_TIMELINE_MARK_CYCLES)")
+    # Less communication (hvdtrain.core.compression): gradient compression and local SGD.
+    compression: str = _f("none", "gradient compression: 'none', 'fp16' (half-precision allreduce, the same as "
+                          "train.fp16_allreduce), 'powersgd' (rank-r low-rank factors with error feedback) or 'topk' "
+                          "(largest-magnitude entries with error feedback, exchanged by allgather)",
+                          choices=("none", "fp16", "powersgd", "topk"))
+    powersgd_rank: int = _f(4, "PowerSGD: rank r of each gradient matrix's approximation (bytes grow with r)",
+                            min=1, max=4096)
+    powersgd_start_step: int = _f(0, "PowerSGD: optimizer steps allreduced uncompressed before compression starts "
+                                  "(warm-up, PyTorch's start_powerSGD_iter)", min=0)
+    powersgd_min_size: int = _f(4096, "PowerSGD: gradients with fewer elements (and all vectors) are allreduced "
+                                "uncompressed", min=0)
+    topk_ratio: float = _f(0.01, "top-k: fraction of each gradient's entries sent (at least one per tensor)",
+                           min=0.0, max=1.0, min_exclusive=True)
+    local_sgd_steps: int = _f(1, "local SGD: optimizer steps each worker takes alone between averaging the "
+                              "parameters (H); 1 is synchronous SGD (gradients allreduced every step)", min=1)
+    local_sgd_average_optimizer: bool = _f(False, "local SGD: also average the optimizer state (momentum, Adam "
+                                           "moments) at each averaging, in the same fused allreduce")
 
 
 @dataclass
@@ -311,6 +328,11 @@ def validate(config: RunConfig) -> RunConfig:
             problem = check()
             if problem:
                 raise ConfigError(f"{name}: {problem}")
+    from hvdtrain.core.compression import comm_problem  # cross-field rules of comm's compression keys
+
+    problem = comm_problem(config)
+    if problem:
+        raise ConfigError(problem)
     return config
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import hvdtrain
-from hvdtrain.core import faults, sharding
+from hvdtrain.core import compression_state, faults, sharding
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager, atomic_write_text
@@ -246,6 +246,7 @@ class Trainer:
         position, history, carried = self._restore(plan, self._steps(task)[1], collective=not elastic)
         if not elastic:
             adapter.broadcast_state(root_rank=0)
+        compression_state.restore(adapter, plan, ctx.rank, ctx.size, collective=not elastic)  # per-rank comm state
         if ctx.is_main:
             atomic_write_text(output / CONFIG_FILE, dump_yaml(cfg))
         state = TrainingState(position, history, carried,
@@ -297,6 +298,7 @@ class Trainer:
             totals = adapter.allreduce_sums({"loss_sum": stats.loss_sum, "samples": float(stats.samples),
                                              "time": time.perf_counter() - started,
                                              "skipped": float(adapter.skipped_updates)})
+            adapter.sync_replicas()  # local SGD: evaluate (and checkpoint) the averaged model
             val = self._evaluate(task, ctx)
             record = {
                 "epoch": epoch + 1,
@@ -416,6 +418,7 @@ class Trainer:
                 "loss_sum": stats.loss_sum, "samples": stats.samples}
         self.watchdog.beat(position.step, "waiting in collectives (checkpoint)")
         rank_states = adapter.allgather_object(mine)
+        comm_states = compression_state.gather(adapter)  # error buffers, Q, local-SGD replicas: per rank
         if not ctx.is_main:
             return None
         self.watchdog.beat(position.step, "writing a checkpoint")
@@ -425,6 +428,7 @@ class Trainer:
 
         def write(directory: Path) -> None:
             adapter.save_state(directory)
+            compression_state.write(directory, comm_states)
             (directory / RANK_STATE_FILE).write_text(json.dumps(rank_states))
 
         manifest = {"kind": "epoch" if record is not None else "step", "epoch": position.epoch,

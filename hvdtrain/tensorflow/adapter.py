@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
 from hvdtrain.core.comm import overlap_gradients, reduction_problem
+from hvdtrain.core.compression import uses_fp16_allreduce
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.launch import prepare_horovod_environment
 
@@ -77,7 +78,7 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
         self.nonfinite = train_config.nonfinite
-        self.compression = hvd.Compression.fp16 if train_config.fp16_allreduce else hvd.Compression.none
+        self.compression = hvd.Compression.fp16 if uses_fp16_allreduce(config) else hvd.Compression.none
         problem = reduction_problem(config.comm, hvd.size(), hvd.mpi_enabled())
         if problem:
             raise ConfigError(problem)
@@ -95,6 +96,9 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.optimizer.build(self.trainable)  # create slots now so they can be broadcast
         self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tf_variables(self.trainable)] \
             if self.accumulation > 1 else []
+        from hvdtrain.tensorflow.compression import comm_exchange  # PowerSGD, top-k, local SGD (or None)
+
+        self.comm_exchange = comm_exchange(self, config)
         self._train_apply = tf.function(self._apply_step, reduce_retracing=True)
         self._train_accumulate = tf.function(self._accumulate_step, reduce_retracing=True)
         self._eval = tf.function(self._eval_step, reduce_retracing=True)
@@ -118,6 +122,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         return tf.cond(finite, apply, lambda: tf.constant(False))
 
     def _apply_step(self, inputs: Any, targets: Any) -> Any:
+        if self.comm_exchange is not None:  # hvdtrain's own exchange replaces the allreduce below
+            return self.comm_exchange.apply_step(inputs, targets)
         with tf.GradientTape() as tape:
             _, loss = self._loss(inputs, targets, training=True)
             scaled = loss / self.accumulation
@@ -212,6 +218,7 @@ class TensorFlowAdapter(FrameworkAdapter):
     def elastic_reset(self) -> None:
         hvd.shutdown()
         hvd.init()
+        self.reset_comm_state("elastic: the job re-formed")
 
     def state_is_finite(self) -> bool:
         return all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables)

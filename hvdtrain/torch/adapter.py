@@ -15,8 +15,10 @@ import torch
 
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
 from hvdtrain.core.comm import overlap_gradients, reduction_problem
+from hvdtrain.core.compression import uses_fp16_allreduce
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.launch import prepare_horovod_environment
+from hvdtrain.torch.compression import ExchangeOptimizer, exchange_optimizer
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -60,7 +62,7 @@ class TorchAdapter(FrameworkAdapter):
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
         self.nonfinite = train_config.nonfinite
-        compression = hvd.Compression.fp16 if train_config.fp16_allreduce else hvd.Compression.none
+        compression = hvd.Compression.fp16 if uses_fp16_allreduce(config) else hvd.Compression.none
         self.adasum = config.comm.reduction == "adasum" and hvd.size() > 1
         if self.adasum:
             problem = reduction_problem(config.comm, hvd.size(), hvd.mpi_enabled())
@@ -72,13 +74,16 @@ class TorchAdapter(FrameworkAdapter):
                 raise ConfigError(problem)
         self.overlap = overlap_gradients(config.comm, self.device.type == "cuda", hvd.local_size(),
                                          torch.get_num_threads(), os.cpu_count() or 1)
-        self.optimizer = hvd.DistributedOptimizer(  # distributed: allreduce gradients (or Adasum updates)
+        # PowerSGD, top-k or local SGD: hvdtrain's own exchange (hvdtrain.torch.compression); else Horovod's
+        self.optimizer = exchange_optimizer(task.optimizer, self.model, config) or hvd.DistributedOptimizer(
             task.optimizer, named_parameters=self.model.named_parameters(),
             compression=compression, backward_passes_per_step=self.accumulation,
             op=hvd.Adasum if self.adasum else hvd.Average,
             # groups=1 makes this constructor a collective (it broadcasts the parameter order): a worker
             # joining an elastic job builds its optimizer alone, so elastic runs keep per-tensor groups.
             groups=None if self.overlap or train_config.elastic else 1)
+        self.comm_exchange = self.optimizer if isinstance(self.optimizer, ExchangeOptimizer) else None
+        self.overlap = self.overlap and self.comm_exchange is None
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -199,6 +204,7 @@ class TorchAdapter(FrameworkAdapter):
     def elastic_reset(self) -> None:
         hvd.shutdown()
         hvd.init()
+        self.reset_comm_state("elastic: the job re-formed")
 
     def state_is_finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
