@@ -171,6 +171,21 @@ class CommConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """Model parallelism: pipeline stages across ranks, combined with data parallelism
+    (see :mod:`hvdtrain.core.pipeline`)."""
+
+    pipeline_stages: int = _f(1, "cut the model into this many consecutive stages on neighbouring ranks; the "
+                              "world size must divide by it and the world is stages x replicas (1: pure data "
+                              "parallelism)", min=1)
+    micro_batches: int = _f(1, "micro-batches each worker's batch is split into for the GPipe fill-and-drain "
+                            "schedule (idle fraction (S-1)/(M+S-1)); the update equals one step on the whole "
+                            "batch", min=1)
+    cut: Any = _f("balanced", "where the model's blocks are cut: 'balanced' (equal parameter counts as far as "
+                  "possible) or a list of S-1 block boundaries such as [3]")
+
+
+@dataclass
 class RunConfig:
     """Everything one training run needs; the resolved copy is saved beside the results."""
 
@@ -184,6 +199,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     text: TextConfig = field(default_factory=TextConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -277,6 +293,9 @@ def validate(config: RunConfig) -> RunConfig:
     """The one validation pass: re-checks every field's type, choices and range, then cross-field rules."""
     from_dict(RunConfig, to_dict(config))  # types and unknown keys
     _walk_limits(config, "")
+    from hvdtrain.core.pipeline import parse_cut  # lazy: pipeline imports this module
+
+    parse_cut(config.parallel.cut)
     return config
 
 
