@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import hvdtrain
 from hvdtrain.torch import build_optimizer
 from recipes.image_classification.common import load_datasets
-from recipes.image_classification.torch_models import build_model
+from recipes.image_classification.torch_models import build_model, pipeline_blocks
 
 
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
@@ -23,4 +23,5 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         train_data=train,
         val_data=val,
         metric_sums=lambda logits, labels: {"correct": (logits.argmax(dim=1) == labels).sum()},
+        pipeline_blocks=lambda: pipeline_blocks(model),  # parallel.pipeline_stages > 1
     )
