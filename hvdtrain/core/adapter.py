@@ -33,11 +33,24 @@ class DistContext:
     size: int = 1
     local_rank: int = 0
     local_size: int = 1
+    replica: int | None = None  # pipeline parallelism: this rank's data-parallel replica (None: its rank)
+    replicas: int | None = None  # pipeline parallelism: the number of replicas (None: the world size)
 
     @property
     def is_main(self) -> bool:
         """True on rank 0, the only rank that prints and writes files."""
         return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """Which data shard this rank reads: its rank, or with pipeline stages its replica (all
+        stages of a replica read the same batches)."""
+        return self.rank if self.replica is None else self.replica
+
+    @property
+    def data_size(self) -> int:
+        """The data-parallel width (shards, LR scaling): the world size, or the number of replicas."""
+        return self.size if self.replicas is None else self.replicas
 
 
 class FrameworkAdapter(ABC):
@@ -153,6 +166,9 @@ class FrameworkAdapter(ABC):
         the replicas are equal already and nothing happens."""
         if self.comm_exchange is not None:
             self.comm_exchange.sync_replicas()
+    def gather_state(self) -> None:
+        """Collective on every rank just before rank 0 saves a checkpoint: an adapter whose state is
+        spread over ranks (pipeline stages) brings it to rank 0 here. Default: nothing to do."""
 
     def allreduce_mean(self, values: dict[str, float], ctx: DistContext) -> dict[str, float]:
         """Average each value across ranks."""
@@ -165,13 +181,17 @@ class FrameworkAdapter(ABC):
 
 _ADAPTERS = {"torch": ("hvdtrain.torch", "TorchAdapter", "torch"),
              "tensorflow": ("hvdtrain.tensorflow", "TensorFlowAdapter", "tensorflow")}
+# parallel.pipeline_stages > 1: the same interface, the model cut into stages across ranks
+_PIPELINE_ADAPTERS = {"torch": ("hvdtrain.torch.pipeline", "TorchPipelineAdapter", "torch"),
+                      "tensorflow": ("hvdtrain.tensorflow.pipeline", "TensorFlowPipelineAdapter", "tensorflow")}
 
 
-def load_adapter(framework: str) -> FrameworkAdapter:
-    """An adapter instance for ``framework``, or a clear error naming what to install."""
+def load_adapter(framework: str, pipeline_stages: int = 1) -> FrameworkAdapter:
+    """An adapter instance for ``framework`` (its pipeline adapter when ``pipeline_stages > 1``),
+    or a clear error naming what to install."""
     if framework not in _ADAPTERS:
         raise ValueError(f"framework {framework!r} is not supported; choose one of: {', '.join(FRAMEWORKS)}")
-    module_name, class_name, extra = _ADAPTERS[framework]
+    module_name, class_name, extra = (_PIPELINE_ADAPTERS if pipeline_stages > 1 else _ADAPTERS)[framework]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

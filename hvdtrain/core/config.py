@@ -177,6 +177,21 @@ class CommConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """Model parallelism: pipeline stages across ranks, combined with data parallelism
+    (see :mod:`hvdtrain.core.pipeline`)."""
+
+    pipeline_stages: int = _f(1, "cut the model into this many consecutive stages on neighbouring ranks; the "
+                              "world size must divide by it and the world is stages x replicas (1: pure data "
+                              "parallelism)", min=1)
+    micro_batches: int = _f(1, "micro-batches each worker's batch is split into for the GPipe fill-and-drain "
+                            "schedule (idle fraction (S-1)/(M+S-1)); the update equals one step on the whole "
+                            "batch", min=1)
+    cut: Any = _f("balanced", "where the model's blocks are cut: 'balanced' (equal parameter counts as far as "
+                  "possible) or a list of S-1 block boundaries such as [3]")
+
+
+@dataclass
 class RunConfig:
     """Everything one training run needs; the resolved copy is saved beside the results."""
 
@@ -199,6 +214,7 @@ class RunConfig:
         if name in sections:
             return sections[name]
         raise AttributeError(f"{type(self).__name__} has no attribute or recipe section {name!r}")
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -333,6 +349,9 @@ def validate(config: RunConfig) -> RunConfig:
     problem = comm_problem(config)
     if problem:
         raise ConfigError(problem)
+    from hvdtrain.core.pipeline import parse_cut  # lazy: pipeline imports this module
+
+    parse_cut(config.parallel.cut)
     return config
 
 

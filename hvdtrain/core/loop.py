@@ -201,7 +201,7 @@ class Trainer:
     def __init__(self, config: RunConfig, adapter: FrameworkAdapter | None = None,
                  callbacks: list[Callback] | tuple[Callback, ...] = ()):
         self.config = config
-        self.adapter = adapter or load_adapter(config.framework)
+        self.adapter = adapter or load_adapter(config.framework, config.parallel.pipeline_stages)
         self.callbacks = CallbackList([*default_callbacks(config), *callbacks])  # TensorBoard, progress bar
 
     def fit(self) -> RunResult:
@@ -270,7 +270,7 @@ class Trainer:
     def _steps(self, task: Any) -> tuple[int, int]:
         """Micro-batches and optimizer steps per epoch at the current world size."""
         cfg = self.config
-        per_rank = sharding.shard_size(len(task.train_data), self.ctx.size, cfg.data.remainder)
+        per_rank = sharding.shard_size(len(task.train_data), self.ctx.data_size, cfg.data.remainder)
         micro_steps = math.ceil(per_rank / cfg.train.batch_size)
         return micro_steps, math.ceil(micro_steps / cfg.train.grad_accumulation)
 
@@ -279,7 +279,7 @@ class Trainer:
         worker joins or leaves, with the state of the last commit and a new world size."""
         cfg, adapter, ctx, gate = self.config, self.adapter, self.ctx, self.gate
         micro_steps, opt_steps_per_epoch = self._steps(task)
-        schedule = build_schedule(cfg.optim, ctx.size, opt_steps_per_epoch, cfg.train.epochs)
+        schedule = build_schedule(cfg.optim, ctx.data_size, opt_steps_per_epoch, cfg.train.epochs)
         position = state.position
         gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {len(task.train_data)} train / "
                    f"{len(task.val_data)} val samples, {micro_steps} steps/epoch of {cfg.train.batch_size} "
@@ -304,7 +304,7 @@ class Trainer:
                 "epoch": epoch + 1,
                 "train_loss": totals["loss_sum"] / max(1.0, totals["samples"]),
                 **{f"val_{k}": v for k, v in val.items()},
-                "samples_per_sec": totals["samples"] / max(1e-9, totals["time"] / ctx.size),
+                "samples_per_sec": totals["samples"] / max(1e-9, totals["time"] / ctx.data_size),
                 "epoch_time_sec": time.perf_counter() - started,
                 "lr": stats.lr,
                 "world_size": ctx.size,
@@ -355,7 +355,7 @@ class Trainer:
             gate.print(f"hvdtrain: resuming from {path} at {where}")
             return position, history, mine
         position.step = position.epoch * opt_steps_per_epoch + position.consumed // (
-            cfg.train.batch_size * ctx.size * cfg.train.grad_accumulation)
+            cfg.train.batch_size * ctx.data_size * cfg.train.grad_accumulation)
         gate.print(f"hvdtrain: resuming from {path} at {where} (saved with {saved_size} workers, now "
                    f"{ctx.size}: the rest of the epoch is resharded, the LR rescaled and random streams reseeded)")
         return position, history, None
@@ -366,7 +366,7 @@ class Trainer:
         accumulation, fault injection, mid-epoch checkpoints and progress lines."""
         cfg, adapter, ctx = self.config, self.adapter, self.ctx
         accum, every = cfg.train.grad_accumulation, cfg.checkpoint.every_steps
-        indices = sharding.train_shard(len(task.train_data), ctx.rank, ctx.size, epoch, cfg.train.seed,
+        indices = sharding.train_shard(len(task.train_data), ctx.data_rank, ctx.data_size, epoch, cfg.train.seed,
                                        cfg.data.shuffle, cfg.data.remainder, start=start)
         batch_list = sharding.batches(indices, cfg.train.batch_size)
         started, seen = time.perf_counter(), 0
@@ -393,14 +393,14 @@ class Trainer:
             stats.loss_sum += loss * len(targets)
             stats.samples += len(targets)
             seen += len(targets)
-            rate = seen * ctx.size / (time.perf_counter() - started)
+            rate = seen * ctx.data_size / (time.perf_counter() - started)
             self.callbacks.on_step_end(epoch, i, {"loss": loss, "lr": stats.lr, "global_step": stats.global_step,
                                                   "samples": stats.samples, "samples_per_sec": rate,
                                                   "steps": len(batch_list)})
             if cfg.train.log_every and (i + 1) % cfg.train.log_every == 0:
                 self.gate.print(f"epoch {epoch + 1}/{cfg.train.epochs} step {i + 1}/{len(batch_list)} "
                                 f"loss {loss:.4f} lr {stats.lr:.4g} {rate:.0f} samples/s")
-            consumed = start + (i + 1) * cfg.train.batch_size * ctx.size
+            consumed = start + (i + 1) * cfg.train.batch_size * ctx.data_size
             if apply and every and stats.global_step % every == 0 and i < len(batch_list) - 1:
                 self._save_checkpoint(f"step-{stats.global_step:08d}", Position(epoch, consumed, stats.global_step),
                                       stats, None)
@@ -419,6 +419,7 @@ class Trainer:
         self.watchdog.beat(position.step, "waiting in collectives (checkpoint)")
         rank_states = adapter.allgather_object(mine)
         comm_states = compression_state.gather(adapter)  # error buffers, Q, local-SGD replicas: per rank
+        adapter.gather_state()  # a collective: pipeline stages bring their state to rank 0
         if not ctx.is_main:
             return None
         self.watchdog.beat(position.step, "writing a checkpoint")
@@ -445,7 +446,7 @@ class Trainer:
     def _evaluate(self, task: Any, ctx: DistContext) -> dict[str, float]:
         """Validation metrics over the whole validation set, each sample counted once."""
         data = task.val_data
-        indices = sharding.eval_shard(len(data), ctx.rank, ctx.size)
+        indices = sharding.eval_shard(len(data), ctx.data_rank, ctx.data_size)
         sums: dict[str, float] = {}
         for inputs, targets in prefetch(sharding.batches(indices, self.config.train.batch_size),
                                         lambda idx: data.get_batch(idx, -1), self.config.data.prefetch_batches):

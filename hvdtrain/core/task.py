@@ -52,6 +52,12 @@ class TrainTask:
     per-batch sums (for example ``{"correct": ...}``); ``finalize_metrics`` turns the summed values
     (plus ``count``) into the reported metrics. ``export(output_dir)``, if given, runs on rank 0
     after the last epoch (for example to write a model usable outside hvdtrain).
+    ``pipeline_blocks()``, if given, returns ``model`` as an ordered list of framework-native blocks
+    whose composition is the model (each block's parameters belong to ``model``); with
+    ``parallel.pipeline_stages > 1`` the blocks are cut into consecutive stages. A block is called
+    as ``block(x)``, where ``x`` is the model's inputs for the first block and the previous block's
+    output after that; a block with ``needs_inputs = True`` is called ``block(x, inputs)`` and also
+    gets the micro-batch's model inputs (an attention mask, for example).
     """
 
     model: Any
@@ -63,3 +69,4 @@ class TrainTask:
     finalize_metrics: Callable[[dict[str, float]], dict[str, float]] = accuracy_from_sums
     export: Callable[[Any], None] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    pipeline_blocks: Callable[[], list[Any]] | None = None  # see the class docstring

@@ -108,3 +108,14 @@ def build_model(name: str, in_channels: int, image_size: tuple[int, int], num_cl
 
 
 MODELS = ("small_cnn", "resnet18", "resnet50")
+
+
+def pipeline_blocks(model: nn.Module) -> list[nn.Module]:
+    """``model`` as ordered blocks for pipeline stages: small_cnn's features | classifier; a ResNet's
+    stem, each residual block, then the pooling head (a cut by parameter count puts the wide last
+    residual blocks on their own)."""
+    if isinstance(model, SmallCNN):
+        return [model.features, model.classifier]
+    if isinstance(model, ResNet):
+        return [model.stem, *model.stages, model.head]
+    raise ValueError(f"no pipeline blocks for {type(model).__name__}")

@@ -9,7 +9,7 @@ import hvdtrain
 from hvdtrain.torch import build_optimizer
 from hvdtrain.torch.images import normalize_inputs
 from recipes.image_classification.common import load_image_data, model_name
-from recipes.image_classification.torch_models import build_model
+from recipes.image_classification.torch_models import build_model, pipeline_blocks
 
 
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
@@ -25,4 +25,13 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         train_data=train,
         val_data=val,
         metric_sums=lambda logits, labels: {"correct": (logits.argmax(dim=1) == labels).sum()},
+        pipeline_blocks=lambda: stage_blocks(model),  # parallel.pipeline_stages > 1
     )
+
+
+def stage_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """``model``'s pipeline blocks; the first one takes the uint8 NHWC batch itself, since a pipeline
+    stage calls its blocks directly and the whole model's input hook does not run."""
+    blocks = pipeline_blocks(model)
+    normalize_inputs(blocks[0])  # float inputs pass through the hook unchanged
+    return blocks

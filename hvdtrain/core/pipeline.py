@@ -1,0 +1,213 @@
+"""Pipeline parallelism, the framework-neutral part: layout, cut, schedule, refusals.
+
+With ``parallel.pipeline_stages = S`` the model's ordered blocks are cut into S consecutive
+stages and the N ranks form an S x R grid (R = N / S data-parallel replicas)::
+
+    rank = replica * S + stage        (a replica's stages are neighbouring ranks: the same host)
+
+Each stage's gradients are averaged over the R ranks that hold it (one Horovod process set per
+stage); activations travel forward and their gradients backward between the S ranks of one
+replica (one process set per replica). Each replica's batch is split into ``micro_batches = M``
+micro-batches run in a GPipe fill-and-drain schedule of ``M + S - 1`` synchronous ticks forward
+and as many backward; a stage idles in ``S - 1`` of them (the bubble).
+
+Nothing here imports torch or TensorFlow: the framework pipelines (:mod:`hvdtrain.torch.pipeline`,
+:mod:`hvdtrain.tensorflow.pipeline`) use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from hvdtrain.core.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """S stages x R replicas over ``stages * replicas`` ranks; ``rank = replica * stages + stage``."""
+
+    stages: int
+    replicas: int
+
+    @classmethod
+    def for_world(cls, world_size: int, stages: int) -> "Layout":
+        """The layout of ``world_size`` ranks into ``stages`` stages, or a ConfigError naming why not."""
+        if stages < 1:
+            raise ConfigError(f"parallel.pipeline_stages: {stages} is out of range; it must be >= 1")
+        if world_size % stages:
+            raise ConfigError(f"parallel.pipeline_stages={stages} does not divide the world size {world_size}; "
+                              f"launch a multiple of {stages} workers or choose a divisor of {world_size}")
+        return cls(stages, world_size // stages)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the layout."""
+        return self.stages * self.replicas
+
+    def stage_of(self, rank: int) -> int:
+        """The pipeline stage ``rank`` runs."""
+        return rank % self.stages
+
+    def replica_of(self, rank: int) -> int:
+        """The data-parallel replica ``rank`` belongs to (its data shard)."""
+        return rank // self.stages
+
+    def rank_of(self, stage: int, replica: int) -> int:
+        """The rank running ``stage`` of ``replica``."""
+        return replica * self.stages + stage
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        """Ranks holding ``stage``: its gradients are averaged over these (one process set)."""
+        return [self.rank_of(stage, r) for r in range(self.replicas)]
+
+    def replica_ranks(self, replica: int) -> list[int]:
+        """Ranks of one replica, stage order: activations pass between these (one process set)."""
+        return [self.rank_of(s, replica) for s in range(self.stages)]
+
+    def process_sets(self) -> list[list[int]]:
+        """Every distinct rank list Horovod needs as a process set (the same list on every rank);
+        a list equal to the whole world (Horovod's global set) or of one rank (nothing to
+        exchange) is left out."""
+        sets = [self.stage_ranks(s) for s in range(self.stages)] + \
+               [self.replica_ranks(r) for r in range(self.replicas)]
+        out: list[list[int]] = []
+        for ranks in sets:
+            if 1 < len(ranks) < self.world_size and ranks not in out:
+                out.append(ranks)
+        return out
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """GPipe's idle fraction of each stage: ``(S - 1) / (M + S - 1)``."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def forward_ticks(stages: int, micro_batches: int) -> list[list[int | None]]:
+    """GPipe fill: at tick ``t`` stage ``s`` runs the forward of micro-batch ``t - s`` (None: idle).
+    Returns one row per tick, one entry per stage."""
+    return [[t - s if 0 <= t - s < micro_batches else None for s in range(stages)]
+            for t in range(micro_batches + stages - 1)]
+
+
+def backward_ticks(stages: int, micro_batches: int) -> list[list[int | None]]:
+    """GPipe drain: the last stage starts with the last micro-batch; stage ``s`` runs the backward
+    of micro-batch ``M - 1 - (t - (S - 1 - s))`` at tick ``t`` (None: idle)."""
+    rows = []
+    for t in range(micro_batches + stages - 1):
+        row: list[int | None] = []
+        for s in range(stages):
+            k = t - (stages - 1 - s)
+            row.append(micro_batches - 1 - k if 0 <= k < micro_batches else None)
+        rows.append(row)
+    return rows
+
+
+def split_sizes(batch: int, micro_batches: int) -> list[int]:
+    """Sizes of the micro-batches of a batch of ``batch`` samples (the first ones one larger when
+    it does not divide); micro-batches left empty by a short last batch are dropped."""
+    base, extra = divmod(batch, micro_batches)
+    return [n for n in (base + (i < extra) for i in range(micro_batches)) if n > 0]
+
+
+def balanced_cut(costs: Sequence[float], stages: int) -> list[int]:
+    """Boundaries ``[b1, ..., b_{S-1}]`` cutting consecutive blocks with ``costs`` into ``stages``
+    non-empty stages so that the most expensive stage is as cheap as possible (exact, by dynamic
+    programming; ties keep earlier boundaries)."""
+    n = len(costs)
+    if n < stages:
+        raise ConfigError(f"parallel.pipeline_stages={stages}: the model has only {n} blocks to cut")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    inf = float("inf")
+    # best[k][i]: the cheapest maximum over the first i blocks cut into k stages; cut[k][i]: last boundary
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    bounds, i = [], n
+    for k in range(stages, 1, -1):
+        i = cut[k][i]
+        bounds.append(i)
+    return sorted(bounds)
+
+
+def parse_cut(cut: Any) -> str | list[int]:
+    """``parallel.cut`` as ``"balanced"`` or a list of block boundaries (from a list or ``"3,6"``)."""
+    if isinstance(cut, str):
+        text = cut.strip()
+        if text == "balanced":
+            return text
+        text = text.strip("[]")
+        try:
+            return [int(p) for p in text.split(",") if p.strip()]
+        except ValueError:
+            raise ConfigError(f"parallel.cut: {cut!r} is not allowed; use 'balanced' or block boundaries "
+                              f"such as [3] or '3,6'") from None
+    if isinstance(cut, (list, tuple)) and all(isinstance(b, int) and not isinstance(b, bool) for b in cut):
+        return list(cut)
+    raise ConfigError(f"parallel.cut: {cut!r} is not allowed; use 'balanced' or block boundaries such as [3]")
+
+
+def resolve_cut(cut: Any, costs: Sequence[float], stages: int) -> list[int]:
+    """The S-1 boundaries for ``parallel.cut`` over blocks with ``costs`` (a manual list is checked:
+    S-1 strictly increasing boundaries inside ``1 .. len(costs) - 1``)."""
+    n = len(costs)
+    if n < stages:
+        raise ConfigError(f"parallel.pipeline_stages={stages}: the model has only {n} blocks, fewer than "
+                          f"the {stages} stages; use at most {n} stages")
+    parsed = parse_cut(cut)
+    if parsed == "balanced":
+        return balanced_cut(costs, stages)
+    bounds = list(parsed)
+    if len(bounds) != stages - 1 or any(b <= a for a, b in zip([0, *bounds], [*bounds, n])):
+        raise ConfigError(f"parallel.cut: {bounds} does not cut {n} blocks into {stages} non-empty stages; give "
+                          f"{stages - 1} increasing boundaries between 1 and {n - 1}, or 'balanced'")
+    return bounds
+
+
+def stage_blocks(bounds: Sequence[int], n_blocks: int, stage: int) -> range:
+    """Indices of the blocks ``stage`` runs."""
+    edges = [0, *bounds, n_blocks]
+    return range(edges[stage], edges[stage + 1])
+
+
+def refusal(config: Any, world_size: int) -> str | None:
+    """Why ``config`` cannot run pipelined on ``world_size`` ranks (one line), or None."""
+    parallel, train = config.parallel, config.train
+    stages = parallel.pipeline_stages
+    if stages <= 1:
+        return None
+    if train.elastic:
+        return ("parallel.pipeline_stages>1 cannot run with train.elastic=true: Horovod's process sets do not "
+                "survive an elastic reset; turn one of them off")
+    if world_size % stages:
+        return (f"parallel.pipeline_stages={stages} does not divide the world size {world_size}; launch a "
+                f"multiple of {stages} workers or choose a divisor of {world_size}")
+    if train.grad_accumulation != 1:
+        return (f"train.grad_accumulation={train.grad_accumulation} is not supported with pipeline stages; "
+                f"use parallel.micro_batches (the update already sums all micro-batches)")
+    if config.comm.reduction != "average":
+        return (f"comm.reduction={config.comm.reduction!r} is not supported with pipeline stages; "
+                f"use comm.reduction=average")
+    if train.mixed_precision == "fp16":
+        return "train.mixed_precision=fp16 is not supported with pipeline stages; use bf16 or none"
+    if train.batch_size < parallel.micro_batches:
+        return (f"parallel.micro_batches={parallel.micro_batches} is more than train.batch_size="
+                f"{train.batch_size}; every micro-batch needs at least one sample")
+    parse_cut(parallel.cut)
+    return None
+
+
+def check(config: Any, world_size: int) -> Layout:
+    """The layout for ``config`` on ``world_size`` ranks, or a ConfigError naming the refusal."""
+    problem = refusal(config, world_size)
+    if problem:
+        raise ConfigError(problem)
+    return Layout.for_world(world_size, config.parallel.pipeline_stages)
