@@ -50,9 +50,9 @@ def pad_id(model_dir: str | Path) -> int:
     return 0 if found is None else int(found)
 
 
-def encode(tokenizer, texts: list[str]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Token ids and segment ids of every text (ragged: no padding)."""
-    encodings = tokenizer.encode_batch(list(texts))
+def encode(tokenizer, texts: list[str], pairs: list[str] | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Token ids and segment ids of every text, or of every (text, pair) (ragged: no padding)."""
+    encodings = tokenizer.encode_batch(list(texts) if pairs is None else list(zip(texts, pairs)))
     return ([np.asarray(e.ids, dtype=np.int32) for e in encodings],
             [np.asarray(e.type_ids, dtype=np.int32) for e in encodings])
 
