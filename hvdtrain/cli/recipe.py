@@ -42,7 +42,8 @@ from hvdtrain.core.registry import get_recipe, list_recipes
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key, e.g. --set optim.warmup_epochs=1 (repeatable).")
 def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, output, resume, fp16_allreduce,
-                   timeline, model, text_column, text_pair_column, label_column, max_length, elastic, overrides) -> None:
+                   timeline, model, text_column, text_pair_column, label_column, max_length, elastic,
+                   overrides) -> None:
     """Train recipe NAME (see `hvdtrain recipes`), or the recipe in the Python file NAME (my_recipe.py)."""
     from hvdtrain.core.loop import train
 

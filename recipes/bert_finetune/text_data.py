@@ -85,7 +85,6 @@ class BadRows:
         run's cache built with ``skip``)."""
         if self.policy == "error" and self.total:
             line, reason = min((lines[0], reason) for reason, lines in self.lines.items())
-            self.counts.clear(), self.lines.clear()
             self.reject(line, reason)
 
     def summary(self) -> str:

@@ -90,7 +90,8 @@ def load_splits(config, ctx, model_dir: Path, barrier: Callable[[], None] = no_b
                                                                              data.max_val_samples, seed + 1)):
             arrays = token_cache.encode_in_memory(part, tokenizer, vocab_size)
             rows = text_data.cap(np.arange(len(arrays)), limit, part_seed)
-            splits.append(Split(arrays, rows, text_data.BadRows(f"the embedded {name} split"), f"the embedded {name} split"))
+            source = f"the embedded {name} split"
+            splits.append(Split(arrays, rows, text_data.BadRows(source), source))
         return splits[0], splits[1]
     paths = [Path(data.path)] + ([Path(text.val_path)] if text.val_path is not None else [])
     loaded = load_files(paths, config, ctx, model_dir, barrier)

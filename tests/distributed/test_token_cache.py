@@ -44,7 +44,8 @@ def pairs(tmp_path_factory):
                 writer.writerow(["", "an empty premise", "positive"] if i == 10 else ["no label", "here", ""])
     with open(root / "val.jsonl", "w", encoding="utf-8") as f:
         for i in range(40):
-            f.write(json.dumps({"premise": val.texts[i], "hypothesis": val.texts[79 - i], "label": val.labels[i]}) + "\n")
+            row = {"premise": val.texts[i], "hypothesis": val.texts[79 - i], "label": val.labels[i]}
+            f.write(json.dumps(row) + "\n")
     return {"model": model_dir, "train": root / "train.csv", "val": root / "val.jsonl"}
 
 

@@ -167,7 +167,8 @@ BAD = ("sentence,other,sentiment\n"
 def test_bad_rows_are_skipped_and_counted(tmp_path, capsys):
     data = tmp_path / "bad.csv"
     data.write_text(BAD, encoding="utf-8")
-    val = write_csv(tmp_path / "val.csv", [("nice", "x", "positive"), ("meh", "x", "neutral"), ("bad", "x", "negative")])
+    val = write_csv(tmp_path / "val.csv", [("nice", "x", "positive"), ("meh", "x", "neutral"),
+                                           ("bad", "x", "negative")])
     config = config_for(tmp_path, **{"data.path": data, "text.val_path": val, "text.bad_rows": "skip"})
     task = common.prepare(config, DistContext(), tokenized.TORCH_INPUTS, "int64")
     assert len(task.train) == 3 and len(task.val) == 2 and task.labels == ["negative", "positive"]

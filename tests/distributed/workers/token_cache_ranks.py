@@ -51,12 +51,14 @@ def view(split, indices):
     for position, index in enumerate(indices):
         n = int(inputs[names[1]][position].sum())
         rows.append({"line": int(split.arrays.lines[split.rows[index]]), "label": data.labels[labels[position]],
-                     "ids": inputs[names[0]][position, :n].tolist(), "segments": inputs[names[2]][position, :n].tolist()})
+                     "ids": inputs[names[0]][position, :n].tolist(),
+                     "segments": inputs[names[2]][position, :n].tolist()})
     return rows
 
 
 train_shard = sharding.train_shard(len(data.train), ctx.rank, ctx.size, 0, config.train.seed)
 val_shard = sharding.eval_shard(len(data.val), ctx.rank, ctx.size)
 (out_dir / f"rank{ctx.rank}.json").write_text(json.dumps({
-    "rank": ctx.rank, "size": ctx.size, "encoded_rows": int(sum(encoded)), "memmap": isinstance(data.train.arrays.ids, np.memmap),
+    "rank": ctx.rank, "size": ctx.size, "encoded_rows": int(sum(encoded)),
+    "memmap": isinstance(data.train.arrays.ids, np.memmap),
     "train": view(data.train, train_shard), "val": view(data.val, val_shard)}))
