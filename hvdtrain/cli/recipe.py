@@ -33,6 +33,8 @@ from hvdtrain.core.registry import get_recipe, list_recipes
 @click.option("--model", default=None, help="Model (model.name): an architecture, or for text recipes a "
               "Hugging Face model directory or hub name.")
 @click.option("--text-column", default=None, help="Text recipes: column/key holding the text (text.text_column).")
+@click.option("--text-pair-column", default=None, help="Text recipes: column/key holding the second text of "
+              "sentence-pair tasks (text.text_pair_column).")
 @click.option("--label-column", default=None, help="Text recipes: column/key holding the label (text.label_column).")
 @click.option("--max-length", type=int, default=None, help="Text recipes: truncate to N tokens (text.max_length).")
 @click.option("--elastic", is_flag=True, default=None, help="Horovod elastic training (train.elastic); launch "
@@ -42,7 +44,8 @@ from hvdtrain.core.registry import get_recipe, list_recipes
 @click.option("--keys", "show_keys", is_flag=True, help="List every config key of recipe NAME (its own sections "
               "included) with its value after --config/--set, help, and allowed values; then exit.")
 def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, output, resume, fp16_allreduce,
-                   timeline, model, text_column, label_column, max_length, elastic, overrides, show_keys) -> None:
+                   timeline, model, text_column, text_pair_column, label_column, max_length, elastic,
+                   overrides, show_keys) -> None:
     """Train recipe NAME (see `hvdtrain recipes`), or the recipe in the Python file NAME (my_recipe.py).
     `hvdtrain recipe NAME --keys` lists the recipe's config keys."""
     from hvdtrain.core.loop import train
@@ -55,6 +58,7 @@ def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, o
                              train__batch_size=batch_size, optim__lr=lr, checkpoint__resume=resume or None,
                              train__fp16_allreduce=fp16_allreduce or None, model__name=model,
                              text__text_column=text_column, text__label_column=label_column,
+                             text__text_pair_column=text_pair_column,
                              text__max_length=max_length, comm__timeline=timeline,
                              train__elastic=elastic or None)
         if show_keys:

@@ -15,6 +15,11 @@ Your own model directory and CSV/TSV/JSONL file on a cluster::
         --model /models/bert-base-uncased --data train.csv --set text.val_path=dev.csv \\
         --text-column sentence --label-column label --max-length 128 --epochs 3 --output runs/sst2
 
+Sentence pairs (MNLI, QQP) and large files: ``--text-pair-column hypothesis``; a file is tokenised
+once per host into a memory-mapped token cache (``text.cache_dir``) that every rank and later runs
+reuse; ``--set text.bad_rows=skip`` skips and counts rows with a missing text or label
+(``recipes/bert_finetune/token_cache.py``, ``text_sources.py``).
+
 Both frameworks tokenise with the model directory's ``tokenizer.json`` (identical token ids),
 start from identical weights (the classifier head is drawn with NumPy from ``train.seed``), and
 train with AdamW (no decay on biases and LayerNorm), linear warmup then linear decay, and

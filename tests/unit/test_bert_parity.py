@@ -32,11 +32,13 @@ from recipes.bert_finetune import pretrained, tokenized  # noqa: E402
 LABELS = ["negative", "positive"]
 
 
-def _outputs(model_dir, texts, seed=42):
+def _outputs(model_dir, texts, seed=42, pairs=None, zero_segments=False):
     from recipes.bert_finetune import tf_recipe, torch_recipe
 
     tokenizer = tokenized.load_tokenizer(model_dir, 64)
-    ids, segments = tokenized.encode(tokenizer, texts)
+    ids, segments = tokenized.encode(tokenizer, texts, pairs)
+    if zero_segments:
+        segments = [np.zeros_like(s) for s in segments]
     pad = tokenized.pad_id(model_dir)
     torch_inputs = tokenized.pad_batch(ids, segments, pad, 8, 64)
     keras_inputs = tokenized.pad_batch(ids, segments, pad, 8, 64, tokenized.KERAS_HUB_INPUTS, "int32")
@@ -68,6 +70,16 @@ def test_tiny_bert_same_logits_in_both_frameworks(tiny_dir, sentences):
     assert np.abs(torch_logits).max() > 1e-3  # the head is really there, logits are not all zero
     np.testing.assert_allclose(keras_logits, torch_logits, rtol=0, atol=1e-5)
     np.testing.assert_allclose(keras_hidden, torch_hidden, rtol=0, atol=1e-4)
+
+
+def test_sentence_pairs_same_logits_and_segments_matter(tiny_dir, sentences):
+    """Pair inputs: both frameworks take the segment ids (torch ``token_type_ids``, keras-hub
+    ``segment_ids``) and agree; zeroing the second segment's ids changes the logits."""
+    texts, pairs = sentences[1][:12], sentences[1][12:24]
+    torch_logits, keras_logits, _, _ = _outputs(tiny_dir, texts, pairs=pairs)
+    np.testing.assert_allclose(keras_logits, torch_logits, rtol=0, atol=1e-5)
+    zeroed_torch, zeroed_keras, _, _ = _outputs(tiny_dir, texts, pairs=pairs, zero_segments=True)
+    assert np.abs(zeroed_torch - torch_logits).max() > 1e-5 and np.abs(zeroed_keras - keras_logits).max() > 1e-5
 
 
 def test_embedded_minilm_same_logits_in_both_frameworks(sentences):

@@ -1,0 +1,135 @@
+"""Where each rank's tokenised rows come from: the embedded split (tokenised in memory), or the
+training and validation files through the token cache, built by one process per host (or by rank
+0 when ``text.cache_shared``) while the other ranks wait at a barrier, then memory-mapped by all.
+
+Tokenizer threads: the one building process gets the cores it may use (the other local ranks
+are waiting, not computing); when every rank tokenises (``text.cache=false``, the embedded
+split) they are divided among the local ranks. ``text.tokenizer_threads`` overrides both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from recipes.bert_finetune import text_data, token_cache, tokenized
+
+
+@dataclass
+class Split:
+    """One split: the tokenised rows of its file, the row indices it uses, the file's skipped rows."""
+
+    arrays: tokenized.TokenArrays
+    rows: np.ndarray
+    bad: text_data.BadRows
+    source: str
+
+
+def no_barrier() -> None:
+    """The barrier of a one-process job."""
+
+
+def _tokenizer(model_dir: Path, config, sharing: int):
+    tokenized.limit_threads(tokenized.tokenizer_threads(config.text.tokenizer_threads, sharing))
+    tokenizer = tokenized.load_tokenizer(model_dir, config.text.max_length)
+    return tokenizer, tokenizer.get_vocab_size()
+
+
+def is_cache_builder(config, ctx) -> bool:
+    """Whether this process builds the token cache: rank 0 on a shared cache directory, else local rank 0."""
+    return ctx.rank == 0 if config.text.cache_shared else ctx.local_rank == 0
+
+
+def load_files(paths: list[Path], config, ctx, model_dir: Path,
+               barrier: Callable[[], None]) -> list[tuple[tokenized.TokenArrays, text_data.BadRows]]:
+    """Tokenised rows and skipped rows of each file: memory-mapped from the token cache (built
+    here if this process is the builder; the others wait at ``barrier``), or with
+    ``text.cache=false`` tokenised in memory on every rank."""
+    text = config.text
+    if not text.cache:
+        tokenizer, vocab_size = _tokenizer(model_dir, config, ctx.local_size)
+        return [token_cache.encode_file(path, text, tokenizer, vocab_size) for path in paths]
+    for path in paths:
+        if not path.is_file():
+            raise text_data.TextDataError(f"data file {path} does not exist")
+    root = Path(text.cache_dir).expanduser() if text.cache_dir else token_cache.default_root()
+    records = [token_cache.key_record(path, model_dir, text.max_length, text.text_column, text.label_column,
+                                      text.text_pair_column) for path in paths]
+    entries = [root / token_cache.entry_name(record) for record in records]
+    if is_cache_builder(config, ctx):
+        tokenizer = vocab_size = None
+        for entry, record in zip(entries, records):
+            if not (entry / token_cache.MANIFEST).is_file():
+                if tokenizer is None:
+                    tokenizer, vocab_size = _tokenizer(model_dir, config, 1)
+                built = token_cache.build(entry, record, text, tokenizer, vocab_size)
+                if built and ctx.is_main:
+                    manifest = token_cache.read_manifest(entry)
+                    print(f"bert-finetune: tokenised {manifest['rows']} rows of {record['file']['path']} in "
+                          f"{manifest['build_seconds']:.1f} s into the token cache {entry}", flush=True)
+            elif ctx.is_main:
+                print(f"bert-finetune: token cache {entry} reused", flush=True)
+    barrier()  # distributed: the other ranks wait here until the cache is built
+    return [token_cache.open_entry(entry, record, text.bad_rows) for entry, record in zip(entries, records)]
+
+
+def load_splits(config, ctx, model_dir: Path, barrier: Callable[[], None] = no_barrier) -> tuple[Split, Split]:
+    """Training and validation splits: the embedded split, a second file, or a seeded held-out fraction."""
+    text, data, seed = config.text, config.data, config.train.seed
+    if data.path is None:
+        if text.val_path is not None or text.text_pair_column is not None:
+            option = "text.val_path" if text.val_path is not None else "text.text_pair_column"
+            raise text_data.TextDataError(f"{option} needs a training file too (--data FILE)")
+        train, val = text_data.embedded_movie_reviews(data.max_train_samples)
+        tokenizer, vocab_size = _tokenizer(model_dir, config, ctx.local_size)
+        splits = []
+        for part, name, limit, part_seed in ((train, "training", None, seed), (val, "validation",
+                                                                             data.max_val_samples, seed + 1)):
+            arrays = token_cache.encode_in_memory(part, tokenizer, vocab_size)
+            rows = text_data.cap(np.arange(len(arrays)), limit, part_seed)
+            source = f"the embedded {name} split"
+            splits.append(Split(arrays, rows, text_data.BadRows(source), source))
+        return splits[0], splits[1]
+    paths = [Path(data.path)] + ([Path(text.val_path)] if text.val_path is not None else [])
+    loaded = load_files(paths, config, ctx, model_dir, barrier)
+    for _, bad in loaded:
+        bad.raise_if_error()
+    (train_arrays, train_bad) = loaded[0]
+    if text.val_path is not None:
+        val_arrays, val_bad = loaded[1]
+        train_rows, val_rows = np.arange(len(train_arrays)), np.arange(len(val_arrays))
+        val_source = str(text.val_path)
+    else:
+        train_rows, val_rows = text_data.split_fraction(len(train_arrays), text.val_fraction, seed, str(data.path))
+        val_arrays, val_bad, val_source = train_arrays, train_bad, str(data.path)
+    train = Split(train_arrays, text_data.cap(train_rows, data.max_train_samples, seed), train_bad, str(data.path))
+    val = Split(val_arrays, text_data.cap(val_rows, data.max_val_samples, seed + 1),
+                text_data.BadRows(val_source, text.bad_rows), val_source)
+    return train, val
+
+
+def label_ids(split: Split, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, label ids)`` of ``split``: rows whose label is not in ``names`` go to ``split.bad``
+    (skipped, or an error naming the line)."""
+    known = {name: i for i, name in enumerate(names)}
+    lookup = np.asarray([known.get(label, -1) for label in split.arrays.label_vocab], dtype=np.int64)
+    ids = lookup[np.asarray(split.arrays.labels[split.rows])]
+    unknown = np.flatnonzero(ids < 0)
+    for position in unknown:
+        row = split.rows[position]
+        label = split.arrays.label_vocab[split.arrays.labels[row]]
+        split.bad.reject(int(split.arrays.lines[row]),
+                         f"label {label!r} is not among the training data's labels ({', '.join(names)})")
+    if len(unknown):
+        keep = ids >= 0
+        return split.rows[keep], ids[keep]
+    return split.rows, ids
+
+
+def train_label_names(split: Split) -> list[str]:
+    """The distinct labels of the training rows in id order (see :func:`text_data.label_names`)."""
+    present = np.unique(np.asarray(split.arrays.labels[split.rows]))
+    return text_data.label_names([split.arrays.label_vocab[code] for code in present])
