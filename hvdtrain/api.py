@@ -105,7 +105,7 @@ def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: 
     ssh = {"ssh_port": ssh_port, "ssh_identity_file": ssh_identity_file}
     _check_hosts(hosts, **ssh)
     return _launch(config, get_recipe(config.recipe), np, hosts, start_timeout, verbose,
-                   network_interface=network_interfaces, **ssh)
+                   network_interfaces=network_interfaces.split(",") if network_interfaces else None, **ssh)
 
 
 def _check_hosts(hosts: str, ssh_port: int | None, ssh_identity_file: str | None) -> None:

@@ -140,7 +140,7 @@ done
 def test_elastic_host_killed_then_rejoins(cluster):
     cluster.exec("h1", "bash", "-c", f"cat > /shared/discover.sh <<'EOF'\n{DISCOVER}EOF\nchmod +x /shared/discover.sh")
     # 2,048 samples / 4 ranks / batch 16 = 32 steps per epoch; h2 dies at rank 0's step 8. From
-    # step 6 rank 0 sleeps 150 ms a step, so the 2 survivors (64 steps per epoch) still train when
+    # step 6 rank 0 sleeps 300 ms a step, so the 2 survivors (64 steps per epoch) still train when
     # h2 is back (restart, sshd, Horovod's 5-10 s blacklist cool-down).
     proc = cluster.popen("h1", "horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4", "-p", str(SSH_PORT),
                          "--host-discovery-script", "/shared/discover.sh", "--blacklist-cooldown-range", "5", "10",
@@ -149,7 +149,7 @@ def test_elastic_host_killed_then_rejoins(cluster):
                          "--set", "data.max_train_samples=2048", "--set", "data.max_val_samples=256",
                          "--set", "train.log_every=4", "--set", "train.elastic_commit_every=2",
                          "--set", "train.stall_timeout_sec=120",
-                         env={"HVDTRAIN_FAULT": "slow:rank=0:step=6:ms=150"})
+                         env={"HVDTRAIN_FAULT": "slow:rank=0:step=6:ms=300"})
     lines: list[str] = []
     events: dict[str, float] = {}
     started = time.monotonic()
