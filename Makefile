@@ -1,6 +1,7 @@
 # hvdtrain: the two commands the README promises.
 #   make demo   set up (idempotent) and train the image recipe on 2 ranks, torch and TensorFlow, on MNIST
 #   make test   set up (idempotent) and run the whole test suite
+#   make docker-cpu   build the CPU image hvdtrain:cpu (scripts/docker-build.sh; README: Docker images)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -10,7 +11,7 @@ NP ?= 2
 DEMO_OUT ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-torch demo-tensorflow test test-unit bench clean
+.PHONY: setup demo demo-torch demo-tensorflow test test-unit bench clean docker-cpu test-cluster
 
 setup:
 	bash scripts/install.sh
@@ -30,3 +31,12 @@ bench: setup
 
 clean:
 	rm -rf $(DEMO_OUT) .pytest_cache
+
+# the CPU image with this machine's pip set-up, reusing the Horovod wheel that `make setup` built
+DOCKER_TAG ?= hvdtrain:cpu
+docker-cpu:
+	bash scripts/docker-build.sh $(DOCKER_TAG)
+
+# the multi-host tests alone (containers as hosts; builds the image if needed)
+test-cluster: setup
+	$(PY) -m pytest tests/cluster -ra $(PYTEST_ARGS)

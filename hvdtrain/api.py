@@ -81,14 +81,19 @@ def resolve_config(recipe: str | RecipeSpec | RunConfig, framework: str | None =
 
 def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: int = 2, *,
         config_file: str | Path | None = None, overrides: dict[str, Any] | list[str] | None = None,
-        hosts: str | None = None, start_timeout: int | None = None, verbose: bool = False,
+        hosts: str | None = None, ssh_port: int | None = None, ssh_identity_file: str | None = None,
+        network_interfaces: str | None = None, start_timeout: int | None = None, verbose: bool = False,
         **kwargs: Any) -> RunResult:
     """Train ``recipe`` on ``np`` workers and return rank 0's :class:`~hvdtrain.core.loop.RunResult`
     (``history``: one metrics dict per epoch; ``checkpoint``: the final checkpoint's path).
 
     ``np=1`` trains in this process. Otherwise ``hosts`` (default ``localhost:<np>``) is Horovod's
-    ``host1:slots,host2:slots``; remote hosts are reached over SSH and need the same environment
-    and paths. Config arguments are those of :func:`resolve_config`. Raises :class:`WorkerError`
+    ``host1:slots,host2:slots``; remote hosts are reached over SSH (``ssh_port``,
+    ``ssh_identity_file``: horovodrun's ``-p``/``-i``) and need the same environment and paths;
+    ``network_interfaces`` (``"eth0"``) picks the interface(s) Horovod uses between hosts. Before
+    any worker starts, every remote host is checked: one that SSH cannot reach, or that has another
+    hvdtrain, Python, framework or Horovod version, raises :class:`~hvdtrain.core.hosts.HostError`
+    naming it. Config arguments are those of :func:`resolve_config`. Raises :class:`WorkerError`
     (with the failing worker's traceback) if any worker fails; no worker outlives the call.
     """
     if not isinstance(np, int) or isinstance(np, bool) or np < 1:
@@ -96,11 +101,28 @@ def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: 
     config = resolve_config(recipe, framework, config_file, overrides, **kwargs)
     if np == 1:
         return train(config)
-    return _launch(config, get_recipe(config.recipe), np, hosts or f"localhost:{np}", start_timeout, verbose)
+    hosts = hosts or f"localhost:{np}"
+    ssh = {"ssh_port": ssh_port, "ssh_identity_file": ssh_identity_file}
+    _check_hosts(hosts, **ssh)
+    return _launch(config, get_recipe(config.recipe), np, hosts, start_timeout, verbose,
+                   network_interfaces=network_interfaces.split(",") if network_interfaces else None, **ssh)
+
+
+def _check_hosts(hosts: str, ssh_port: int | None, ssh_identity_file: str | None) -> None:
+    """Every remote host reachable over SSH, with this host's versions (else HostError naming it)."""
+    from hvdtrain.core import hosts as host_checks
+
+    if all(host_checks.is_local(name) for name, _ in host_checks.parse_hosts(hosts)):
+        return
+    found = host_checks.host_versions(f"localhost,{hosts}", ssh_port, ssh_identity_file)
+    wrong = host_checks.mismatches(found)
+    if wrong:
+        raise host_checks.HostError("the hosts of this job run different versions (localhost is this "
+                                    "machine): " + " | ".join(wrong))
 
 
 def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_timeout: int | None,
-            verbose: bool) -> RunResult:
+            verbose: bool, **launcher: Any) -> RunResult:
     """Horovod's launcher over Gloo, with a side channel for the workers' failure reports."""
     from horovod.runner import run as horovod_run
     from horovod.runner.http.http_server import KVStoreServer
@@ -114,7 +136,8 @@ def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_time
         if threading.current_thread() is threading.main_thread() else {}
     try:
         results = horovod_run(_worker, args=(config, spec, port), num_proc=np, hosts=hosts, use_gloo=True,
-                              start_timeout=start_timeout, verbose=2 if verbose else None)
+                              start_timeout=start_timeout, verbose=2 if verbose else None,
+                              **{k: v for k, v in launcher.items() if v is not None})
     except Exception as exc:
         raise _worker_error(reports, exc, np) from None
     finally:

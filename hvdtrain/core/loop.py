@@ -29,6 +29,7 @@ from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradie
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager, atomic_write_text
 from hvdtrain.core.config import RunConfig, dump_yaml, to_dict
+from hvdtrain.core.hosts import describe_workers
 from hvdtrain.core.prefetch import prefetch
 from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.registry import get_builder, get_recipe
@@ -227,6 +228,9 @@ class Trainer:
             plan = _plan_start(cfg, self.manager, output) if ctx.is_main else {"checkpoint": None}
         else:
             plan = adapter.broadcast_object(_plan_start(cfg, self.manager, output) if ctx.is_main else None)
+            where = describe_workers(adapter)  # hvdtrain.core.hosts: same versions on every host
+            if where:
+                gate.print(where)
         if plan.get("error"):
             raise TrainingError(plan["error"])
         for note in plan.get("notes", []):

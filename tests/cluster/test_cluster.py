@@ -1,0 +1,220 @@
+"""Multi-host jobs for real: containers from the CPU image as hosts h1, h2 (sshd on 2222, one key
+pair, a shared volume), launched from h1 over SSH.
+
+* ``horovodrun -np 4 -H h1:2,h2:2 -p 2222`` with Gloo (the `hvdtrain recipe` command) and with
+  ``--mpi`` (the same command line run by workers/cli_ranks.py, which then compares every rank's
+  parameters), both frameworks;
+* ``hvdtrain.run(..., np=4, hosts="h1:2,h2:2", ssh_port=2222)`` from Python;
+* elastic: a host-discovery script over the containers, ``docker kill h2`` mid-epoch, the
+  survivors continue, h2 is started again and rejoins, the run finishes all epochs;
+* ``hvdtrain env --hosts`` on every host; a host with another hvdtrain version named before
+  training; a host that does not answer SSH named in an error instead of a hang.
+
+Only h1 (rank 0's host) mounts the shared volume writable, so a write from another host fails
+the job. Needs Docker (started, or installed with apt-get as root): under CI=true a missing
+capability fails; elsewhere the module skips with the reason. The image is built once by
+scripts/docker-build.sh (the cached Horovod wheel reused); containers, network and volume are
+removed at the end, the image is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.dockerhosts import SSH_PORT, Cluster, docker_capability
+
+WHY_NOT = docker_capability()
+if WHY_NOT and os.environ.get("CI") == "true":
+    raise RuntimeError(f"tests/cluster must run in CI but cannot: {WHY_NOT}")
+# the first test also builds the image: minutes with the cached Horovod wheel, longer without
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(2400),
+              pytest.mark.skipif(bool(WHY_NOT), reason=f"no Docker: {WHY_NOT}")]
+
+DATA = "/shared/data/mnist-imagefolder"
+TRAIN = ["--data", DATA, "--batch-size", "32", "--set", "data.max_train_samples=2048",
+         "--set", "data.max_val_samples=256", "--set", "train.log_every=0"]
+WORKERS_LINE = "hvdtrain: workers on h1 (ranks 0-1), h2 (ranks 2-3)"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    hosts = Cluster(tmp_path_factory.mktemp("cluster"))
+    hosts.build()
+    try:
+        hosts.start(["h1", "h2"])
+        # the embedded MNIST written once to the shared volume (h1), read by every host
+        hosts.exec("h1", "python", "-c", "from pathlib import Path; from recipes.image_classification.data "
+                   "import embedded_mnist; print(embedded_mnist(Path('/shared/data')))", timeout=600)
+        yield hosts
+    finally:
+        hosts.remove()
+
+
+def metrics(cluster: Cluster, name: str) -> list[dict]:
+    path = cluster.shared() / "runs" / name / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_consistent_checkpoint(cluster: Cluster, name: str, epochs: int) -> dict:
+    """The newest checkpoint on the shared volume matches its checksums and has all epochs."""
+    from hvdtrain.core.checkpoint import CheckpointManager
+
+    folders = sorted(p for p in (cluster.shared() / "runs" / name / "checkpoints").iterdir()
+                     if p.is_dir() and not p.name.startswith("."))
+    infos = [CheckpointManager.read(p, verify=True) for p in folders]
+    assert infos and all(infos), folders
+    newest = max(infos, key=lambda i: i.step)
+    assert newest.epoch == epochs, newest.manifest
+    return newest.manifest
+
+
+def assert_trained_once(cluster: Cluster, name: str, stdout: str, epochs: int = 2, world: int = 4) -> None:
+    rows = metrics(cluster, name)
+    assert [r["epoch"] for r in rows] == list(range(1, epochs + 1)), rows  # written once, by rank 0
+    assert rows[-1]["world_size"] == world
+    assert stdout.count("hvdtrain: done") == 1, stdout[-3000:]
+    assert_consistent_checkpoint(cluster, name, epochs)
+
+
+def test_env_compares_every_host(cluster):
+    proc = cluster.exec("h1", "hvdtrain", "env", "--hosts", "h1:2,h2:2", "-p", str(SSH_PORT))
+    assert "versions agree on all 2 host(s)" in proc.stdout, proc.stdout
+    header = proc.stdout.splitlines()[0].split()
+    assert header == ["host", "h1", "h2"], proc.stdout
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_horovodrun_gloo_across_hosts(cluster, framework):
+    name = f"gloo-{framework}"
+    proc = cluster.exec("h1", "horovodrun", "-np", "4", "-H", "h1:2,h2:2", "-p", str(SSH_PORT), "--gloo",
+                        "hvdtrain", "recipe", "image-classification", "--framework", framework,
+                        "--epochs", "2", "--output", f"/shared/runs/{name}", *TRAIN, timeout=600)
+    assert WORKERS_LINE in proc.stdout, proc.stdout[-3000:]  # every rank reported its host name
+    assert_trained_once(cluster, name, proc.stdout)
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_horovodrun_mpi_across_hosts_parameters_identical(cluster, framework):
+    name = f"mpi-{framework}"
+    report = f"/shared/runs/{name}.ranks.json"
+    proc = cluster.exec("h1", "horovodrun", "-np", "4", "-H", "h1:2,h2:2", "-p", str(SSH_PORT), "--mpi",
+                        "--network-interfaces", "eth0",
+                        "python", "/opt/hvdtrain/tests/cluster/workers/cli_ranks.py", report, framework, "--",
+                        "recipe", "image-classification", "--framework", framework, "--epochs", "2",
+                        "--output", f"/shared/runs/{name}", *TRAIN, timeout=600)
+    assert WORKERS_LINE in proc.stdout, proc.stdout[-3000:]
+    assert_trained_once(cluster, name, proc.stdout)
+    ranks = json.loads((cluster.shared() / "runs" / f"{name}.ranks.json").read_text())["ranks"]
+    assert [r["host"] for r in ranks] == ["h1", "h1", "h2", "h2"], ranks
+    assert len({r["params_sha256"] for r in ranks}) == 1, ranks  # bitwise identical on every rank
+
+
+def test_python_api_across_hosts(cluster):
+    code = ("import json, hvdtrain\n"
+            "r = hvdtrain.run('image-classification', framework='torch', np=4, hosts='h1:2,h2:2', ssh_port=2222,\n"
+            f"    output='/shared/runs/api', data__path='{DATA}', train__epochs=2, train__batch_size=32,\n"
+            "    data__max_train_samples=2048, data__max_val_samples=256, train__log_every=0)\n"
+            "print('RESULT', json.dumps({'epochs': [h['epoch'] for h in r.history], 'checkpoint': str(r.checkpoint)}))\n")
+    proc = cluster.exec("h1", "python", "-c", code, timeout=600)
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["epochs"] == [1, 2] and result["checkpoint"].startswith("/shared/runs/api/checkpoints/")
+    assert WORKERS_LINE in proc.stdout, proc.stdout[-3000:]
+    assert_trained_once(cluster, "api", proc.stdout)
+
+
+DISCOVER = """#!/bin/bash
+# hosts whose sshd answers, 2 slots each (Horovod calls this every second)
+for h in h1 h2; do
+  if timeout 1 bash -c "exec 3<>/dev/tcp/$h/2222" 2>/dev/null; then echo "$h:2"; fi
+done
+"""
+
+
+def test_elastic_host_killed_then_rejoins(cluster):
+    cluster.exec("h1", "bash", "-c", f"cat > /shared/discover.sh <<'EOF'\n{DISCOVER}EOF\nchmod +x /shared/discover.sh")
+    # 2,048 samples / 4 ranks / batch 16 = 32 steps per epoch; h2 dies at rank 0's step 8. From
+    # step 6 rank 0 sleeps 300 ms a step, so the 2 survivors (64 steps per epoch) still train when
+    # h2 is back (restart, sshd, Horovod's 5-10 s blacklist cool-down).
+    proc = cluster.popen("h1", "horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4", "-p", str(SSH_PORT),
+                         "--host-discovery-script", "/shared/discover.sh", "--blacklist-cooldown-range", "5", "10",
+                         "hvdtrain", "recipe", "image-classification", "--framework", "torch", "--elastic",
+                         "--epochs", "3", "--output", "/shared/runs/elastic", "--data", DATA, "--batch-size", "16",
+                         "--set", "data.max_train_samples=2048", "--set", "data.max_val_samples=256",
+                         "--set", "train.log_every=4", "--set", "train.elastic_commit_every=2",
+                         "--set", "train.stall_timeout_sec=120",
+                         env={"HVDTRAIN_FAULT": "slow:rank=0:step=6:ms=300"})
+    lines: list[str] = []
+    events: dict[str, float] = {}
+    started = time.monotonic()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "killed" not in events and re.search(r"epoch 1/3 step (8|12|16)/", line):
+                cluster.run("kill", cluster.container("h2"))
+                events["killed"] = time.monotonic() - started
+            elif "killed" in events and "restarted" not in events and "re-formed with 2 worker(s)" in line:
+                cluster.run("start", cluster.container("h2"))
+                events["restarted"] = time.monotonic() - started
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=540)
+    except Exception:
+        proc.kill()
+        raise
+    finally:
+        reader.join(timeout=30)
+    out = "".join(lines)
+    assert proc.returncode == 0, out[-6000:]
+    assert "killed" in events and "restarted" in events, (events, out[-6000:])
+    assert "re-formed with 2 worker(s)" in out and "re-formed with 4 worker(s)" in out, out[-6000:]
+    rows = metrics(cluster, "elastic")
+    assert [r["epoch"] for r in rows] == [1, 2, 3], rows
+    assert rows[-1]["world_size"] == 4, rows
+    assert out.count("hvdtrain: done") == 1
+    assert_consistent_checkpoint(cluster, "elastic", 3)
+    cluster.wait_ssh("h2")
+
+
+def test_mismatched_and_unreachable_hosts_are_named(cluster):
+    cluster.add_host("h3")  # read-only shared volume, like h2
+    cluster.wait_ssh("h3")
+    cluster.exec("h3", "sed", "-i", 's/^__version__ = "\\(.*\\)"/__version__ = "\\1.other"/',
+                 "/opt/hvdtrain/hvdtrain/__init__.py")
+    env = cluster.exec("h1", "hvdtrain", "env", "--hosts", "h1,h3", "-p", str(SSH_PORT), check=False)
+    assert env.returncode == 1 and "version mismatch across hosts: hvdtrain: " in env.stderr, env.stderr
+    assert re.search(r"hvdtrain: \S+ on h1; \S+\.other on h3", env.stderr), env.stderr
+
+    job = cluster.exec("h1", "horovodrun", "-np", "2", "-H", "h1:1,h3:1", "-p", str(SSH_PORT), "--gloo",
+                       "hvdtrain", "recipe", "image-classification", "--epochs", "1",
+                       "--output", "/shared/runs/mismatch", *TRAIN, check=False, timeout=300)
+    assert job.returncode != 0
+    assert "the hosts of this job run different versions" in job.stdout + job.stderr
+    assert not (cluster.shared() / "runs" / "mismatch" / "metrics.jsonl").exists()
+
+    cluster.run("pause", cluster.container("h3"))  # TCP still connects, sshd never answers
+    try:
+        started = time.monotonic()
+        code = ("import hvdtrain\n"
+                "from hvdtrain.core.hosts import HostError\n"
+                "try:\n"
+                "    hvdtrain.run('image-classification', framework='torch', np=2, hosts='h1:1,h3:1', ssh_port=2222,\n"
+                "                 output='/shared/runs/unreachable', train__epochs=1)\n"
+                "except HostError as e:\n"
+                "    print('HOSTERROR', e)\n")
+        proc = cluster.exec("h1", "python", "-c", code, timeout=120)
+        elapsed = time.monotonic() - started
+        assert "HOSTERROR cannot reach host(s) h3 over SSH on port 2222" in proc.stdout, proc.stdout + proc.stderr
+        assert elapsed < 60, elapsed
+        assert not (cluster.shared() / "runs" / "unreachable").exists()
+    finally:
+        cluster.run("unpause", cluster.container("h3"), check=False)

@@ -1,0 +1,119 @@
+"""hvdtrain.core.hosts without a cluster: -H parsing, version comparison, the workers line, SSH
+errors naming the host (a name that does not resolve), and docker/pip_relay.py's rewriting and
+serving of local pip sources."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hvdtrain.core import hosts
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_parse_hosts_as_horovod():
+    assert hosts.parse_hosts("h1:2,h2:2") == [("h1", 2), ("h2", 2)]
+    assert hosts.parse_hosts("h1, h2:3") == [("h1", 1), ("h2", 3)]
+    for bad in ("h1:x", "h1:0", ",", ":2"):
+        with pytest.raises(ValueError, match="HOST:SLOTS"if bad not in (",",) else "no host"):
+            hosts.parse_hosts(bad)
+
+
+def test_mismatches_name_the_package_versions_and_hosts():
+    found = {"h1": {"hvdtrain": "0.1.0", "torch": "2.13.0+cpu", "horovod": "0.28.1"},
+             "h2": {"hvdtrain": "0.1.0", "torch": "2.13.0+cpu", "horovod": "0.28.1"},
+             "h3": {"hvdtrain": "0.1.0", "torch": "2.12.0", "horovod": "0.28.1"}}
+    assert hosts.mismatches(found) == ["torch: 2.13.0+cpu on h1, h2; 2.12.0 on h3"]
+    table = hosts.format_table(found).splitlines()
+    assert table[0].split() == ["host", "h1", "h2", "h3"]
+    assert [line for line in table if line.startswith("*")] == [next(l for l in table if "torch" in l)]
+    found["h3"]["torch"] = "2.13.0+cpu"
+    assert hosts.mismatches(found) == []
+
+
+def test_check_workers_lists_ranks_per_host_and_refuses_mismatches():
+    same = {"hvdtrain": "0.1.0", "horovod": "0.28.1"}
+    ids = [{"host": "h1", **same}, {"host": "h1", **same}, {"host": "h2", **same}, {"host": "h2", **same}]
+    assert hosts.check_workers(ids) == "h1 (ranks 0-1), h2 (ranks 2-3)"
+    ids[3] = {"host": "h2", "hvdtrain": "0.1.0", "horovod": "0.28.0"}
+    ids[2] = dict(ids[3])
+    with pytest.raises(hosts.HostError, match=r"horovod: 0.28.1 on h1; 0.28.0 on h2"):
+        hosts.check_workers(ids)
+
+
+def test_describe_workers_is_silent_on_one_host():
+    class OneHost:
+        def allgather_object(self, obj):
+            return [obj, obj]
+
+    assert hosts.describe_workers(OneHost()) is None
+
+
+def test_unresolvable_host_is_named_not_waited_for():
+    with pytest.raises(hosts.HostError, match=r"cannot reach host\(s\) no-such-host\.invalid over SSH on port 2222"):
+        hosts.check_ssh("localhost:1,no-such-host.invalid:1", port=2222, connect_timeout=5)
+    hosts.check_ssh("localhost:2")  # local names need no SSH
+
+
+def test_env_json_and_hosts_on_this_machine():
+    line = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "env", "--json"], capture_output=True,
+                          text=True, check=True, cwd=REPO).stdout
+    info = json.loads(line)
+    assert set(hosts.COMPARED) <= set(info)
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "env", "--hosts", "localhost:2"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and "versions agree on all 1 host(s)" in proc.stdout, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "env", "--hosts", "localhost,no-such-host.invalid"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 1 and "no-such-host.invalid" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_pip_relay_serves_local_sources_and_hides_the_rest(tmp_path):
+    sys.path.insert(0, str(REPO / "docker"))
+    try:
+        import pip_relay
+    finally:
+        sys.path.pop(0)
+    index = tmp_path / "pypi" / "simple" / "pkg"
+    index.mkdir(parents=True)
+    (tmp_path / "pypi" / "files").mkdir()
+    (tmp_path / "pypi" / "files" / "pkg-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    (index / "index.html").write_text('<a href="../../files/pkg-1.0-py3-none-any.whl">pkg</a>')
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("torch<=2.14\n")
+    relay = pip_relay.Relay()
+    options, cert = pip_relay.rewrite(
+        {"index-url": "https://user:secret@pypi.example/simple", "cert": "/etc/ssl/certs/ca.crt",
+         "extra-index-url": f"file://{tmp_path / 'pypi' / 'simple'} https://other.example/simple",
+         "find-links": f"{wheels} /does/not/exist", "constraint": str(constraints), "default-timeout": "60"},
+        relay, "http://127.0.0.1:1")
+    assert cert == "/etc/ssl/certs/ca.crt" and "cert" not in options
+    assert options["index-url"] == "https://user:secret@pypi.example/simple"  # only ever in the secret
+    assert options["extra-index-url"] == f"http://127.0.0.1:1{tmp_path}/pypi/simple/ https://other.example/simple"
+    assert options["find-links"] == f"http://127.0.0.1:1{wheels}/"
+    assert options["constraint"] == f"http://127.0.0.1:1{constraints}"
+    assert options["trusted-host"] == "127.0.0.1:1" and options["default-timeout"] == "60"
+
+    import http.server
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        page = urllib.request.urlopen(f"{base}{index}/").read().decode()
+        link = page.split('href="')[1].split('"')[0]
+        assert urllib.request.urlopen(f"{base}{index}/{link}").read() == b"wheel"  # ../../files resolves
+        assert urllib.request.urlopen(f"{base}{constraints}").read() == b"torch<=2.14\n"
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{base}/etc/passwd")  # nothing outside the configured sources
+    finally:
+        server.shutdown()
