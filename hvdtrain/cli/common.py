@@ -7,16 +7,25 @@ import sys
 
 import click
 
+from hvdtrain.core.adapter import FrameworkMissingError
+from hvdtrain.core.checkpoint import CheckpointError
 from hvdtrain.core.config import ConfigError
+from hvdtrain.core.loop import TrainingError
 from hvdtrain.core.registry import RecipeError
 
+# What the commands catch and turn into an ``hvdtrain: error:`` line and a non-zero exit.
 USER_ERRORS = (ConfigError, RecipeError, ValueError, LookupError, ImportError, RuntimeError, OSError)
+# The user's mistakes: a bad value, name, file or folder, explained by the message alone. Anything
+# else (a RuntimeError such as CUDA out-of-memory or an NCCL failure, an OSError, a KeyError) is a
+# failure the user did not cause: it keeps its traceback.
+EXPLAINED = (ConfigError, RecipeError, ValueError, TrainingError, CheckpointError, FrameworkMissingError)
 
 
 def fail(exc: BaseException) -> None:
     """Print ``hvdtrain: error: ...`` and exit: 2 for bad config or names, 1 for anything else.
-    ``HVDTRAIN_TRACEBACK=1`` also prints the traceback."""
-    if os.environ.get("HVDTRAIN_TRACEBACK"):
+    Unexpected failures (not in :data:`EXPLAINED`) print their traceback first, on the failing
+    rank; ``HVDTRAIN_TRACEBACK=1`` prints it for every error."""
+    if os.environ.get("HVDTRAIN_TRACEBACK") or not isinstance(exc, EXPLAINED):
         import traceback
 
         traceback.print_exception(exc)

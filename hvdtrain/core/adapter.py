@@ -82,15 +82,30 @@ class FrameworkAdapter(ABC):
         """Set the optimizer's learning rate for the next update."""
 
     @abstractmethod
-    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True) -> float:
+    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> Any:
         """Forward and backward on one local micro-batch; when ``apply_update``, allreduce the
-        accumulated gradients and update. Returns this rank's loss. A non-finite allreduced
-        gradient raises :class:`NonFiniteGradientError` (``train.nonfinite=error``) or skips the
-        update and counts it in ``skipped_updates`` (``skip``)."""
+        accumulated gradients and update. ``weight`` is this micro-batch's share of the
+        accumulation window (its samples / the window's samples; None: ``1 / grad_accumulation``),
+        so a short last window gives the gradient of its concatenated batch. Returns this rank's
+        loss as a framework scalar (``float()`` reads it; the loop avoids doing so every step). A
+        non-finite allreduced gradient raises :class:`NonFiniteGradientError`
+        (``train.nonfinite=error``) or skips the update and counts it in ``skipped_updates``
+        (``skip``); so do updates a mixed-precision loss scaler skips."""
 
     @abstractmethod
-    def eval_step(self, inputs: Any, targets: Any) -> dict[str, float]:
-        """Local sums on one batch: ``loss_sum``, ``count`` and the task's metric sums."""
+    def sync_model_buffers(self) -> None:
+        """Average the model's floating-point running statistics (BatchNorm means and variances)
+        over all ranks, so every rank holds the model rank 0 saves."""
+
+    @abstractmethod
+    def reseed(self, seed: int) -> None:
+        """Seed this process's framework random generators (dropout) with ``seed``; the loop
+        passes a different seed on every rank."""
+
+    @abstractmethod
+    def eval_step(self, inputs: Any, targets: Any) -> dict[str, Any]:
+        """Local sums on one batch: ``loss_sum``, ``count`` and the task's metric sums (framework
+        scalars that add up and convert with ``float()``)."""
 
     @abstractmethod
     def allreduce_sums(self, values: dict[str, float]) -> dict[str, float]:

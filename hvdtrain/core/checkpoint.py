@@ -11,6 +11,12 @@ A checkpoint is first written under ``.tmp-<name>-<pid>``, every file is flushed
 then the folder is renamed into place and the parent directory fsynced; a crash at any point
 leaves the previous checkpoint untouched and usable. Only folders with a manifest whose
 checksums match count as checkpoints. Existing checkpoints are never overwritten.
+
+Checkpoints are ordered by training progress, the position in the data (completed epochs, then
+samples of the next epoch's order consumed), which means the same for any number of workers;
+"latest" and pruning follow that order, so a resume on another world size never makes an older
+checkpoint look newer. Step checkpoints are named by the optimizer updates taken, a count that is
+carried across resumes and only grows, so names never repeat.
 """
 
 from __future__ import annotations
@@ -50,6 +56,16 @@ class CheckpointInfo:
     def step(self) -> int:
         """Optimizer steps completed when it was written."""
         return int(self.manifest["step"])
+
+    @property
+    def consumed(self) -> int:
+        """Samples of epoch ``epoch + 1``'s order consumed when it was written (0 at an epoch end)."""
+        return int(self.manifest.get("consumed", 0))
+
+    @property
+    def progress(self) -> tuple[int, int, int]:
+        """The sort key: position in the data (epoch, consumed), then the step count."""
+        return self.epoch, self.consumed, self.step
 
 
 def sha256_file(path: Path) -> str:
@@ -94,7 +110,7 @@ class CheckpointManager:
         self.best_mode = best_mode
 
     def checkpoints(self) -> list[CheckpointInfo]:
-        """Valid checkpoints, oldest first (invalid or partial folders are skipped)."""
+        """Valid checkpoints, oldest first by training progress (invalid or partial folders are skipped)."""
         found = []
         if self.directory.is_dir():
             for child in self.directory.iterdir():
@@ -103,7 +119,7 @@ class CheckpointManager:
                 info = self.read(child, verify=False)
                 if info is not None:
                     found.append(info)
-        return sorted(found, key=lambda c: (c.step, c.epoch))
+        return sorted(found, key=lambda c: c.progress)
 
     def latest(self, problems: list[str] | None = None) -> CheckpointInfo | None:
         """The newest checkpoint whose files match their checksums, or None. Each newer checkpoint

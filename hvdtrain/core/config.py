@@ -72,9 +72,12 @@ class OptimConfig:
     lr: float = _f(0.01, "base learning rate for one worker before scaling by world size", min=0.0,
                    min_exclusive=True)
     momentum: float = _f(0.9, "SGD momentum", min=0.0, max=1.0)
-    weight_decay: float = _f(0.0, "weight decay", min=0.0)
-    lr_scaling: str = _f("linear", "how the base LR grows with the number of workers: 'linear' (lr * size), "
-                         "'sqrt' (lr * sqrt(size)) or 'none'", choices=("linear", "sqrt", "none"))
+    weight_decay: float = _f(0.0, "weight decay, the same in both frameworks: coupled L2 (added to the gradient) "
+                             "for sgd and adam, decoupled (lr * weight_decay * weight) for adamw", min=0.0)
+    lr_scaling: str = _f("auto", "how the base LR grows with the local batches one update averages (workers x "
+                         "train.grad_accumulation = n): 'linear' (lr * n), 'sqrt' (lr * sqrt(n)), 'none', or "
+                         "'auto': linear for sgd, sqrt for adam and adamw",
+                         choices=("auto", "linear", "sqrt", "none"))
     warmup_epochs: float = _f(0.0, "epochs of linear warmup from the base LR to the scaled LR", min=0.0)
     decay: str = _f("cosine", "LR decay after warmup", choices=("cosine", "linear", "constant"))
     min_lr_ratio: float = _f(0.0, "final LR as a fraction of the peak LR", min=0.0, max=1.0)

@@ -6,7 +6,9 @@ one state class serves both: the adapter takes an in-memory snapshot of model an
 the state every ``train.elastic_commit_every`` optimizer steps and at every epoch end. When a
 worker dies, the survivors roll back to the last commit, Horovod re-forms the job without it, the
 state is broadcast from the new rank 0, and training continues at the committed position with
-the rest of the epoch resharded over the new world size (and the LR rescaled). When a host comes
+the rest of the epoch resharded over the new world size. The LR is the schedule's value for
+the samples seen, with the peak scaled for the new global batch (the schedule follows the position
+in the data, not the optimizer-step counter). When a host comes
 back, the next commit notices, the job re-forms with it, and it receives the state. Samples
 between the last commit and a failure are trained again; none are skipped.
 """
@@ -60,6 +62,7 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
             adapter.broadcast_state(root_rank=0)  # distributed: new and old workers start from rank 0
             state.position, state.history = adapter.broadcast_object((state.position, state.history))
             state.carried = None  # partial training-loss sums are per rank; restart them
+            trainer._reseed(state.position)  # every rank its own dropout stream again
             self.save()
 
         def reset(self) -> None:

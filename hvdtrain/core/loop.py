@@ -8,6 +8,13 @@ resume and broadcasts the decision, so all ranks agree or all stop with the same
 A checkpoint records the position inside the epoch (how much of the epoch's shuffled order has
 been consumed) and every rank's random-number state, so a resumed run continues at the next
 unseen batch and, with the same world size, ends bitwise equal to an uninterrupted run.
+
+Progress is that position in the data, (epoch, samples consumed), which means the same for any
+number of workers: the LR schedule is evaluated at it (:func:`~hvdtrain.core.schedule.schedule_step`)
+and checkpoints are ordered by it. The optimizer-step counter only counts the updates actually
+taken; it is carried unchanged across resumes and re-forms, so step checkpoint names never repeat.
+Before every evaluation and mid-epoch checkpoint the model's running statistics (BatchNorm) are
+averaged over the ranks, so every rank evaluates, and rank 0 saves, one and the same model.
 """
 
 from __future__ import annotations
@@ -33,15 +40,16 @@ from hvdtrain.core.hosts import describe_workers
 from hvdtrain.core.prefetch import prefetch
 from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.registry import get_builder, get_recipe
-from hvdtrain.core.schedule import build_schedule
+from hvdtrain.core.schedule import build_schedule, schedule_step
 from hvdtrain.core.visibility import default_callbacks
 from hvdtrain.core.watchdog import StallWatchdog
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
 RANK_STATE_FILE = "rank_state.json"
-# Config sections that decide the shape of the saved state: resuming across a change is refused.
-STATE_DEFINING_KEYS = ("model", "optim.name")
+# Config keys that decide the shape of the saved state or the meaning of its position (the epoch's
+# batches, the accumulation windows): resuming across a change is refused.
+STATE_DEFINING_KEYS = ("model", "optim.name", "train.batch_size", "train.grad_accumulation")
 
 
 class TrainingError(RuntimeError):
@@ -88,12 +96,17 @@ class TrainingState:
 
 @dataclass
 class EpochStats:
-    """This rank's running totals for one training epoch."""
+    """This rank's running totals for one training epoch (``loss_sum`` may be a framework scalar
+    on the device until :meth:`totals` reads it: no host synchronisation per step)."""
 
     global_step: int
     lr: float = 0.0
-    loss_sum: float = 0.0
+    loss_sum: Any = 0.0
     samples: int = 0
+
+    def totals(self) -> dict[str, Any]:
+        """The partial totals as plain numbers (what checkpoints and elastic commits carry)."""
+        return {"loss_sum": float(self.loss_sum), "samples": self.samples}
 
 
 def _check_output_dir(output: Path) -> None:
@@ -247,9 +260,11 @@ class Trainer:
         adapter.prepare(task, cfg)
         self.watchdog.beat(0, "restoring the checkpoint")
 
-        position, history, carried = self._restore(plan, self._steps(task)[1], collective=not elastic)
+        position, history, carried = self._restore(plan, collective=not elastic)
         if not elastic:
             adapter.broadcast_state(root_rank=0)
+            if carried is None:  # a fresh start, or a resume on another number of workers
+                self._reseed(position)
         compression_state.restore(adapter, plan, ctx.rank, ctx.size, collective=not elastic)  # per-rank comm state
         if ctx.is_main:
             atomic_write_text(output / CONFIG_FILE, dump_yaml(cfg))
@@ -271,6 +286,13 @@ class Trainer:
                         + f" output={output}")
         return result
 
+    def _reseed(self, position: Position) -> None:
+        """Give this rank its own framework random stream (dropout masks differ between ranks,
+        as their data do), drawn from (seed, rank, position): reproducible for a given run."""
+        seed = np.random.SeedSequence([self.config.train.seed, self.ctx.rank, position.epoch,
+                                       position.consumed]).generate_state(1)[0]
+        self.adapter.reseed(int(seed))
+
     def _steps(self, task: Any) -> tuple[int, int]:
         """Micro-batches and optimizer steps per epoch at the current world size."""
         cfg = self.config
@@ -283,7 +305,7 @@ class Trainer:
         worker joins or leaves, with the state of the last commit and a new world size."""
         cfg, adapter, ctx, gate = self.config, self.adapter, self.ctx, self.gate
         micro_steps, opt_steps_per_epoch = self._steps(task)
-        schedule = build_schedule(cfg.optim, ctx.data_size, opt_steps_per_epoch, cfg.train.epochs)
+        schedule = build_schedule(cfg.optim, ctx.data_size, opt_steps_per_epoch, cfg.train.epochs, cfg.train.grad_accumulation)
         position = state.position
         gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {len(task.train_data)} train / "
                    f"{len(task.val_data)} val samples, {micro_steps} steps/epoch of {cfg.train.batch_size} "
@@ -297,11 +319,12 @@ class Trainer:
             stats = EpochStats(global_step=global_step)
             if resumed_here and state.carried:
                 stats.loss_sum, stats.samples = state.carried["loss_sum"], state.carried["samples"]
+            skipped_before = adapter.skipped_updates
             self._train_epoch(task, epoch, schedule, stats, position.consumed if resumed_here else 0, state)
             global_step = stats.global_step
             totals = adapter.allreduce_sums({"loss_sum": stats.loss_sum, "samples": float(stats.samples),
                                              "time": time.perf_counter() - started,
-                                             "skipped": float(adapter.skipped_updates)})
+                                             "skipped": float(adapter.skipped_updates - skipped_before)})
             adapter.sync_replicas()  # local SGD: evaluate (and checkpoint) the averaged model
             val = self._evaluate(task, ctx)
             record = {
@@ -332,7 +355,7 @@ class Trainer:
             state.commit()
         return RunResult(self.output, state.history, state.last_checkpoint, ctx.size)
 
-    def _restore(self, plan: dict[str, Any], opt_steps_per_epoch: int, collective: bool = True):
+    def _restore(self, plan: dict[str, Any], collective: bool = True):
         """Load the planned checkpoint (rank 0), hand every rank its RNG state and partial-epoch
         totals, and return the position, the metrics history and this rank's carried totals."""
         cfg, ctx, adapter, gate = self.config, self.ctx, self.adapter, self.gate
@@ -358,8 +381,7 @@ class Trainer:
             adapter.set_rng_state(mine["rng"]["framework"])
             gate.print(f"hvdtrain: resuming from {path} at {where}")
             return position, history, mine
-        position.step = position.epoch * opt_steps_per_epoch + position.consumed // (
-            cfg.train.batch_size * ctx.data_size * cfg.train.grad_accumulation)
+        # The step counter keeps counting the updates taken; the LR follows the position (schedule_step).
         gate.print(f"hvdtrain: resuming from {path} at {where} (saved with {saved_size} workers, now "
                    f"{ctx.size}: the rest of the epoch is resharded, the LR rescaled and random streams reseeded)")
         return position, history, None
@@ -370,6 +392,8 @@ class Trainer:
         accumulation, fault injection, mid-epoch checkpoints and progress lines."""
         cfg, adapter, ctx = self.config, self.adapter, self.ctx
         accum, every = cfg.train.grad_accumulation, cfg.checkpoint.every_steps
+        samples_per_step = cfg.train.batch_size * ctx.data_size * accum
+        steps_per_epoch = self._steps(task)[1]
         indices = sharding.train_shard(len(task.train_data), ctx.data_rank, ctx.data_size, epoch, cfg.train.seed,
                                        cfg.data.shuffle, cfg.data.remainder, start=start)
         batch_list = sharding.batches(indices, cfg.train.batch_size)
@@ -381,13 +405,17 @@ class Trainer:
             faults.before_step(ctx.rank, stats.global_step)
             if faults.active("nan", ctx.rank, stats.global_step):
                 inputs = np.full_like(inputs, np.nan)
-            if i % accum == 0:
-                stats.lr = schedule(stats.global_step)
+            if i % accum == 0:  # the LR at this position in the data, whatever the world size
+                stats.lr = schedule(schedule_step(epoch, start + i * cfg.train.batch_size * ctx.data_size,
+                                                  samples_per_step, steps_per_epoch))
                 adapter.set_learning_rate(stats.lr)
+                window = batch_list[i:i + accum]  # a short last window is weighted by what it holds
+                window_samples = sum(len(b) for b in window)
             apply = (i + 1) % accum == 0 or i == len(batch_list) - 1
             self.watchdog.beat(stats.global_step, "waiting in collectives (gradient allreduce)")
             try:
-                loss = adapter.train_step(inputs, targets, apply_update=apply)
+                loss = adapter.train_step(inputs, targets, apply_update=apply,
+                                          weight=len(targets) / window_samples)
             except NonFiniteGradientError as exc:
                 raise TrainingError(
                     f"{exc} at epoch {epoch + 1}, batch {i + 1} (optimizer step {stats.global_step + 1}); stopped "
@@ -408,9 +436,13 @@ class Trainer:
             if apply and every and stats.global_step % every == 0 and i < len(batch_list) - 1:
                 self._save_checkpoint(f"step-{stats.global_step:08d}", Position(epoch, consumed, stats.global_step),
                                       stats, None)
-            if apply and cfg.train.elastic and stats.global_step % cfg.train.elastic_commit_every == 0:
+                saved_here = True
+            else:
+                saved_here = False
+            # Elastic: commit at every checkpoint too, so a rollback never replays past a written one.
+            if apply and cfg.train.elastic and (saved_here or stats.global_step % cfg.train.elastic_commit_every == 0):
                 state.position = Position(epoch, consumed, stats.global_step)
-                state.carried = {"loss_sum": stats.loss_sum, "samples": stats.samples}
+                state.carried = stats.totals()
                 state.commit()  # distributed: may raise to let Horovod add or remove workers here
 
     def _save_checkpoint(self, name: str, position: Position, stats: EpochStats,
@@ -418,8 +450,9 @@ class Trainer:
         """Collect every rank's RNG state and partial totals (a collective: all ranks call this at the
         same step), then rank 0 writes the checkpoint atomically. Returns its path on rank 0."""
         cfg, ctx, adapter = self.config, self.ctx, self.adapter
-        mine = {"rng": {**_python_numpy_rng(), "framework": adapter.rng_state()},
-                "loss_sum": stats.loss_sum, "samples": stats.samples}
+        if record is None:  # an epoch-end checkpoint follows the evaluation, which already averaged them
+            adapter.sync_model_buffers()  # distributed: every rank's BatchNorm statistics -> their mean
+        mine = {"rng": {**_python_numpy_rng(), "framework": adapter.rng_state()}, **stats.totals()}
         self.watchdog.beat(position.step, "waiting in collectives (checkpoint)")
         rank_states = adapter.allgather_object(mine)
         comm_states = compression_state.gather(adapter)  # error buffers, Q, local-SGD replicas: per rank
@@ -450,6 +483,7 @@ class Trainer:
     def _evaluate(self, task: Any, ctx: DistContext) -> dict[str, float]:
         """Validation metrics over the whole validation set, each sample counted once."""
         data = task.val_data
+        self.adapter.sync_model_buffers()  # distributed: evaluate the model rank 0 saves, on every rank
         indices = sharding.eval_shard(len(data), ctx.data_rank, ctx.data_size)
         sums: dict[str, float] = {}
         for inputs, targets in prefetch(sharding.batches(indices, self.config.train.batch_size),

@@ -1,12 +1,17 @@
 """A one-line progress bar on rank 0 with throughput and ETA (``train.progress_bar``).
 
-It draws only when its stream is a terminal, so logs, pipes, ``horovodrun``'s forwarded output and
-notebooks stay clean. It clears itself before the loop prints a ``train.log_every`` line or an
-epoch summary, so those lines are never garbled.
+It draws only when its stream is a terminal and the process was not started by a launcher, so
+logs, pipes, ``horovodrun``'s forwarded output and notebooks stay clean: Open MPI (which
+``horovodrun`` uses when it is installed) gives every worker a pseudo-terminal and prefixes and
+forwards what it writes, so a bar's redraws would land in the log. Under a launcher the loop's
+``train.log_every`` progress lines are the progress report; ``HVDTRAIN_PROGRESS_BAR=1`` asks for
+the bar anyway (``=0`` never draws it). It clears itself before the loop prints a
+``train.log_every`` line or an epoch summary, so those lines are never garbled.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -14,6 +19,28 @@ from typing import Any, TextIO
 from hvdtrain.core.callbacks import Callback
 
 CLEAR_LINE = "\r\x1b[K"
+# Set in each worker by Open MPI (mpirun, horovodrun --mpi or its default), MPICH/Intel MPI, PMIx,
+# horovodrun --gloo and SLURM's srun: a launcher that forwards (and prefixes) the workers' output.
+LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK", "SLURM_PROCID")
+
+
+def under_launcher(environ: dict[str, str] | None = None) -> bool:
+    """True when a launcher started this process and forwards its output."""
+    environ = os.environ if environ is None else environ
+    return any(name in environ for name in LAUNCHER_VARIABLES)
+
+
+def bar_wanted(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
+    """Whether to draw on ``stream``: ``HVDTRAIN_PROGRESS_BAR`` 1/0 decides if set; otherwise only
+    on a terminal outside a launcher."""
+    environ = os.environ if environ is None else environ
+    forced = environ.get("HVDTRAIN_PROGRESS_BAR", "").strip().lower()
+    if forced in ("1", "true", "yes", "always"):
+        return True
+    if forced in ("0", "false", "no", "never"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty()) and not under_launcher(environ)
 
 
 def format_duration(seconds: float) -> str:
@@ -34,7 +61,8 @@ def render_bar(epoch: int, epochs: int, done: int, total: int, loss: float, rate
 
 
 class ProgressBar(Callback):
-    """Rank 0 redraws the bar at most every ``min_interval`` seconds, only on a terminal."""
+    """Rank 0 redraws the bar at most every ``min_interval`` seconds, only on a terminal and not
+    under a launcher (see :func:`bar_wanted`)."""
 
     def __init__(self, stream: TextIO | None = None, min_interval: float = 0.1):
         self.stream = stream
@@ -44,8 +72,7 @@ class ProgressBar(Callback):
 
     def on_train_begin(self, ctx: Any, info: dict[str, Any]) -> None:
         self.stream = self.stream or sys.stdout
-        isatty = getattr(self.stream, "isatty", None)
-        self.active = bool(ctx.is_main and isatty is not None and isatty())
+        self.active = bool(ctx.is_main and bar_wanted(self.stream))
         self.epochs = info["config"].train.epochs
         self.log_every = info["config"].train.log_every
         self._epoch_started = time.perf_counter()

@@ -49,11 +49,12 @@ class EventFileWriter:
     def _write(self, event: Any) -> None:
         self._records.write(event.SerializeToString())
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        """One event holding ``values`` (tag -> number) at ``step``."""
+    def scalars(self, step: int, values: dict[str, float], wall_time: float | None = None) -> None:
+        """One event holding ``values`` (tag -> number) at ``step`` (and ``wall_time``, default now)."""
         summary = self._summary_pb2.Summary(value=[
             self._summary_pb2.Summary.Value(tag=tag, simple_value=float(value)) for tag, value in values.items()])
-        self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+        self._write(self._event_pb2.Event(wall_time=time.time() if wall_time is None else wall_time,
+                                          step=int(step), summary=summary))
 
     def flush(self) -> None:
         """Make what was written visible to a running TensorBoard."""
@@ -72,6 +73,7 @@ class TensorBoardCallback(Callback):
     def __init__(self) -> None:
         self.writer: EventFileWriter | None = None
         self._last_flush = 0.0
+        self._pending: list[tuple[int, float, dict[str, Any]]] = []
 
     def on_train_begin(self, ctx: Any, info: dict[str, Any]) -> None:
         self.steps_per_epoch = int(info["steps_per_epoch"])
@@ -84,21 +86,29 @@ class TensorBoardCallback(Callback):
             RankZeroGate(ctx.rank).warn(f"train.tensorboard: the tensorboard package is not installed ({exc}); "
                                         f"no event files are written (pip install tensorboard==2.21.0, or set "
                                         f"train.tensorboard=false)")
-        self._last_flush = time.monotonic()
+        self._last_flush, self._pending = time.monotonic(), []
 
     def on_step_end(self, epoch: int, step: int, logs: dict[str, Any]) -> None:
         if self.writer is None:
             return
         batch = math.ceil(logs["samples"] / self.batch_size)  # counts batches before a mid-epoch resume too
-        self.writer.scalars(epoch * self.steps_per_epoch + batch, {
-            "step/loss": logs["loss"], "step/lr": logs["lr"], "step/samples_per_sec": logs["samples_per_sec"]})
+        # The loss may still be a device scalar: it is read (a host sync) only when events are written.
+        self._pending.append((epoch * self.steps_per_epoch + batch, time.time(), {
+            "step/loss": logs["loss"], "step/lr": logs["lr"], "step/samples_per_sec": logs["samples_per_sec"]}))
         if time.monotonic() - self._last_flush > FLUSH_EVERY_SEC:
+            self._write_pending()
             self.writer.flush()
             self._last_flush = time.monotonic()
+
+    def _write_pending(self) -> None:
+        for step, wall_time, values in self._pending:
+            self.writer.scalars(step, values, wall_time)
+        self._pending = []
 
     def on_epoch_end(self, epoch: int, record: dict[str, Any]) -> None:
         if self.writer is None:
             return
+        self._write_pending()
         self.writer.scalars(record.get("epoch", epoch + 1), {
             f"epoch/{key}": value for key, value in record.items()
             if key not in EPOCH_SKIP_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool)})
@@ -107,6 +117,7 @@ class TensorBoardCallback(Callback):
 
     def on_train_end(self, result: Any) -> None:
         if self.writer is not None:
+            self._write_pending()
             self.writer.close()
             self.writer = None
 

@@ -5,6 +5,11 @@ Horovod 0.28.1's TF helpers predate Keras 3: they expect ``tf.Variable`` where K
 Keras 3 optimizers. This adapter therefore drives training with ``tf.GradientTape`` +
 ``hvd.DistributedGradientTape`` in a ``tf.function`` and hands Horovod the wrapped
 ``tf.Variable`` (``v.value``) of every Keras variable.
+
+With ``train.mixed_precision=fp16`` the optimizer is wrapped in Keras's ``LossScaleOptimizer``:
+the loss is scaled before the gradient, the allreduced gradient unscaled before clipping, an
+overflowing update is skipped (and counted) and the scale lowered; the scale is an optimizer
+variable, so it is broadcast and checkpointed with the rest of the optimizer state.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from hvdtrain.core.config import ConfigError
 from hvdtrain.core.launch import prepare_horovod_environment
 
 MODEL_FILE = "model_variables.npz"  # every model variable, dropout seed state included
-OPTIMIZER_FILE = "optimizer.npz"
+OPTIMIZER_FILE = "optimizer.npz"  # loss-scale state included (train.mixed_precision=fp16)
+SEED_STRIDE = 1_000_003  # rank r's layer seeds are rank 0's plus r times this
 
 
 def tf_variables(variables: list[Any]) -> list[tf.Variable]:
@@ -74,7 +80,10 @@ class TensorFlowAdapter(FrameworkAdapter):
         train_config, optim_config = config.train, config.optim
         self.task = task
         self.model = task.model
-        self.optimizer = task.optimizer
+        self.loss_scaling = train_config.mixed_precision == "fp16"
+        self.optimizer = keras.mixed_precision.LossScaleOptimizer(task.optimizer) if self.loss_scaling \
+            else task.optimizer
+        self.inner_optimizer = task.optimizer
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
         self.nonfinite = train_config.nonfinite
@@ -107,26 +116,46 @@ class TensorFlowAdapter(FrameworkAdapter):
         outputs = self.model(inputs, training=training)
         return outputs, tf.cast(self.task.loss_fn(outputs, targets), tf.float32)
 
+    def _scale_loss(self, loss: Any, weight: Any) -> Any:
+        scaled = loss * weight
+        return self.optimizer.scale_loss(scaled) if self.loss_scaling else scaled
+
     def _update(self, grads: list[Any]) -> Any:
-        """Apply the allreduced ``grads`` if they are finite; return whether they were."""
+        """Apply the allreduced ``grads`` if they are finite; return whether they were. With loss
+        scaling: unscale first; after a finite update grow the scale every ``dynamic_growth_steps``,
+        after an overflow halve it (Keras's LossScaleOptimizer rule)."""
         grads = [tf.convert_to_tensor(g) for g in grads]
+        scaler = self.optimizer if self.loss_scaling else None
+        if scaler is not None:
+            grads = [g / tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
         norm = tf.linalg.global_norm(grads)
         finite = tf.math.is_finite(norm)
         if self.grad_clip_norm is not None:
             grads, _ = tf.clip_by_global_norm(grads, self.grad_clip_norm, use_norm=norm)
 
         def apply():
-            self.optimizer.apply_gradients(zip(grads, self.trainable))
+            self.inner_optimizer.apply_gradients(zip(grads, self.trainable))
+            if scaler is not None:
+                grow = tf.equal(scaler.step_counter, scaler.dynamic_growth_steps - 1)
+                scaler.dynamic_scale.assign(tf.where(grow, scaler.dynamic_scale * 2.0, scaler.dynamic_scale))
+                scaler.step_counter.assign(tf.where(grow, tf.zeros_like(scaler.step_counter),
+                                                    scaler.step_counter + 1))
             return tf.constant(True)
 
-        return tf.cond(finite, apply, lambda: tf.constant(False))
+        def skip():
+            if scaler is not None:
+                scaler.step_counter.assign(tf.zeros_like(scaler.step_counter))
+                scaler.dynamic_scale.assign(scaler.dynamic_scale * 0.5)
+            return tf.constant(False)
 
-    def _apply_step(self, inputs: Any, targets: Any) -> Any:
+        return tf.cond(finite, apply, skip)
+
+    def _apply_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
         if self.comm_exchange is not None:  # hvdtrain's own exchange replaces the allreduce below
-            return self.comm_exchange.apply_step(inputs, targets)
+            return self.comm_exchange.apply_step(inputs, targets, weight)
         with tf.GradientTape() as tape:
             _, loss = self._loss(inputs, targets, training=True)
-            scaled = loss / self.accumulation
+            scaled = self._scale_loss(loss, weight)
         variables = tf_variables(self.trainable)
         if not self.accumulators:
             tape = hvd.DistributedGradientTape(tape, compression=self.compression,  # distributed: allreduce
@@ -144,10 +173,10 @@ class TensorFlowAdapter(FrameworkAdapter):
                 a.assign(tf.zeros_like(a))
         return loss, self._update(grads)
 
-    def _accumulate_step(self, inputs: Any, targets: Any) -> Any:
+    def _accumulate_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
         with tf.GradientTape() as tape:
             _, loss = self._loss(inputs, targets, training=True)
-            scaled = loss / self.accumulation
+            scaled = self._scale_loss(loss, weight)
         for a, g in zip(self.accumulators, tape.gradient(scaled, tf_variables(self.trainable))):
             a.assign_add(tf.convert_to_tensor(g))
         return loss, tf.constant(True)
@@ -159,24 +188,48 @@ class TensorFlowAdapter(FrameworkAdapter):
         sums.update({k: tf.cast(v, tf.float32) for k, v in self.task.metric_sums(outputs, targets).items()})
         return sums
 
+    def _seed_states(self) -> list[Any]:
+        """The model's per-layer random-seed states (Keras Dropout and friends): int [seed, counter]."""
+        return [v for v in self.model.variables if "seed_generator_state" in getattr(v, "path", v.name)]
+
     def broadcast_state(self, root_rank: int = 0) -> None:
         variables = tf_variables(self.model.variables) + tf_variables(self.optimizer.variables)
         hvd.broadcast_variables(variables, root_rank=root_rank)  # distributed: model + optimizer state
+        # The layers' seed states came from rank 0 too; offset them by rank so that dropout masks differ
+        # between ranks (rank 0 keeps its own, so its checkpoint restores every rank's stream).
+        for state in self._seed_states():
+            state.assign(state.value + tf.constant([SEED_STRIDE * hvd.rank(), 0], dtype=state.dtype))
+
+    def sync_model_buffers(self) -> None:
+        stats = [v for v in self.model.non_trainable_variables if v.dtype in ("float16", "bfloat16", "float32", "float64")]
+        if not stats or hvd.size() == 1:
+            return
+        averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in stats], op=hvd.Average,  # distributed
+                                         name=self._name("sync_buffers"))
+        for variable, value in zip(stats, averaged):
+            variable.assign(value)
+
+    def reseed(self, seed: int) -> None:
+        from keras.src.random.seed_generator import global_seed_generator
+
+        tf.random.set_seed(seed)
+        global_seed_generator().state.assign(np.asarray([seed, 0], dtype=np.int64))
 
     def set_learning_rate(self, lr: float) -> None:
         self.optimizer.learning_rate = lr
 
-    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True) -> float:
+    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> Any:
         step = self._train_apply if apply_update or not self.accumulators else self._train_accumulate
-        loss, applied = step(_as_tensor(inputs), tf.convert_to_tensor(targets))
-        if not bool(applied):
-            if self.nonfinite == "error":
+        weight = tf.constant(1.0 / self.accumulation if weight is None else weight, dtype=tf.float32)
+        loss, applied = step(_as_tensor(inputs), tf.convert_to_tensor(targets), weight)
+        if apply_update and not bool(applied):  # one host sync per update: train.nonfinite needs it
+            if self.nonfinite == "error" and not self.loss_scaling:
                 raise NonFiniteGradientError(f"the allreduced gradient is not finite (loss on this rank {float(loss)})")
-            self.skipped_updates += 1
-        return float(loss)
+            self.skipped_updates += 1  # with fp16 loss scaling: an overflow the scaler skipped
+        return loss
 
-    def eval_step(self, inputs: Any, targets: Any) -> dict[str, float]:
-        return {k: float(v) for k, v in self._eval(_as_tensor(inputs), tf.convert_to_tensor(targets)).items()}
+    def eval_step(self, inputs: Any, targets: Any) -> dict[str, Any]:
+        return dict(self._eval(_as_tensor(inputs), tf.convert_to_tensor(targets)))
 
     def _name(self, prefix: str) -> str:
         self._collective_id += 1
@@ -253,19 +306,61 @@ def _load_variables(path: Path, variables: list[Any]) -> None:
             variable.assign(saved[name])
 
 
-def build_optimizer(optim_config: Any, exclude_from_weight_decay: list[str] | None = None) -> keras.optimizers.Optimizer:
+class _CoupledWeightDecay:
+    """L2 weight decay added to the gradient before the update (torch's ``weight_decay`` for SGD
+    and Adam); Keras's own ``weight_decay`` is decoupled. Respects ``exclude_from_weight_decay``."""
+
+    def __init__(self, *args: Any, l2: float = 0.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.l2 = l2
+
+    def _backend_update_step(self, grads: list[Any], trainable_variables: list[Any], learning_rate: Any) -> None:
+        if self.l2:
+            # tf.identity: every gradient made in this graph (Keras's all-reduce insists on one graph)
+            grads = [g + tf.cast(self.l2, g.dtype) * tf.cast(tf_variables([v])[0], g.dtype)
+                     if self._use_weight_decay(v) else tf.identity(g) for g, v in zip(grads, trainable_variables)]
+        super()._backend_update_step(grads, trainable_variables, learning_rate)
+
+
+class CoupledSGD(_CoupledWeightDecay, keras.optimizers.SGD):
+    """SGD as torch runs it: coupled weight decay, and momentum on the gradient with the LR
+    applied to the whole velocity (``v = m v + g; w -= lr v``). Keras folds the LR into the
+    velocity (``v = m v - lr g; w += v``), which differs whenever the LR changes (warmup, decay)."""
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        if self.momentum == 0 or self.nesterov:
+            return super().update_step(gradient, variable, learning_rate)
+        velocity = self.momentums[self._get_variable_index(variable)]
+        gradient = tf.cast(gradient, variable.dtype)
+        self.assign(velocity, velocity * tf.cast(self.momentum, variable.dtype) + gradient)
+        self.assign_sub(variable, velocity * tf.cast(learning_rate, variable.dtype))
+
+
+class CoupledAdam(_CoupledWeightDecay, keras.optimizers.Adam):
+    """Adam with torch's coupled weight decay."""
+
+
+def low_rank_variables(model: Any) -> list[Any]:
+    """Trainable variables of at most one dimension: biases, normalisation scales and shifts."""
+    return [v for v in model.trainable_variables if len(v.shape) <= 1]
+
+
+def build_optimizer(optim_config: Any, exclude_from_weight_decay: list[str] | None = None,
+                    exclude_variables: list[Any] | None = None) -> keras.optimizers.Optimizer:
     """The Keras optimizer an :class:`~hvdtrain.core.config.OptimConfig` names (LR is set per step
-    by the schedule). Variables whose names contain a string in ``exclude_from_weight_decay``
-    get no weight decay."""
-    name, lr, wd = optim_config.name, optim_config.lr, optim_config.weight_decay or None
+    by the schedule). Variables whose names contain a string in ``exclude_from_weight_decay``, and
+    those in ``exclude_variables`` (e.g. :func:`low_rank_variables`), get no weight decay. Weight
+    decay means what it means in torch: coupled L2 for ``sgd`` and ``adam``, decoupled for
+    ``adamw``. Keras's epsilon for Adam/AdamW is set to torch's 1e-8."""
+    name, lr, wd = optim_config.name, optim_config.lr, optim_config.weight_decay
     if name == "sgd":
-        opt = keras.optimizers.SGD(learning_rate=lr, momentum=optim_config.momentum, weight_decay=wd)
+        opt = CoupledSGD(learning_rate=lr, momentum=optim_config.momentum, l2=wd)
     elif name == "adam":
-        opt = keras.optimizers.Adam(learning_rate=lr, weight_decay=wd)
+        opt = CoupledAdam(learning_rate=lr, epsilon=1e-8, l2=wd)
     elif name == "adamw":
-        opt = keras.optimizers.AdamW(learning_rate=lr, weight_decay=optim_config.weight_decay)
+        opt = keras.optimizers.AdamW(learning_rate=lr, weight_decay=wd, epsilon=1e-8)
     else:
         raise ConfigError(f"optim.name: {name!r} is not allowed; choose one of: sgd, adam, adamw")
-    if exclude_from_weight_decay:
-        opt.exclude_from_weight_decay(var_names=exclude_from_weight_decay)
+    if exclude_from_weight_decay or exclude_variables:
+        opt.exclude_from_weight_decay(var_list=exclude_variables, var_names=exclude_from_weight_decay)
     return opt

@@ -83,14 +83,14 @@ class CommExchange:
                 self.errors[i] = tf.Variable(tf.zeros((int(np.prod(s, dtype=np.int64)),)), trainable=False)
 
     # ---- one update, inside the adapter's tf.function -------------------------------------------
-    def apply_step(self, inputs: Any, targets: Any) -> Any:
+    def apply_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
         """Forward, backward, exchange and update (replaces the adapter's allreduce for this run)."""
         adapter = self.adapter
         from hvdtrain.tensorflow.adapter import tf_variables
 
         with tf.GradientTape() as tape:
             _, loss = adapter._loss(inputs, targets, training=True)
-            scaled = loss / adapter.accumulation
+            scaled = adapter._scale_loss(loss, weight)
         variables = tf_variables(adapter.trainable)
         local = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
                  for g, v in zip(tape.gradient(scaled, variables), variables)]

@@ -1,4 +1,14 @@
-"""The :class:`~hvdtrain.core.adapter.FrameworkAdapter` for PyTorch and ``horovod.torch``."""
+"""The :class:`~hvdtrain.core.adapter.FrameworkAdapter` for PyTorch and ``horovod.torch``.
+
+On a GPU (following PyTorch's CUDA notes and performance-tuning guide): each process uses
+``cuda:local_rank`` when it sees at least ``local_size`` GPUs and otherwise the one it sees (SLURM
+``--gpus-per-task=1``, ``CUDA_VISIBLE_DEVICES`` set per process); TF32 matrix multiplies and
+``cudnn.benchmark`` are on unless ``train.deterministic`` (which sets
+``CUBLAS_WORKSPACE_CONFIG=:4096:8`` as cuBLAS requires); batches are copied from pinned memory
+without blocking; 4-D image batches and models with convolutions use the channels-last layout.
+The loss and evaluation sums stay on the device until the loop reads them; one host
+synchronisation per optimizer update remains (the finite check that decides ``train.nonfinite``).
+"""
 
 from __future__ import annotations
 
@@ -46,10 +56,14 @@ class TorchAdapter(FrameworkAdapter):
         np.random.seed(train_config.seed)
         torch.manual_seed(train_config.seed)
         if train_config.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for determinism
             torch.use_deterministic_algorithms(True)
-        self.device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = pick_device(hvd.local_rank(), hvd.local_size())
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            torch.backends.cudnn.benchmark = not train_config.deterministic
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         if train_config.mixed_precision == "fp16" and self.device.type != "cuda":
             raise ConfigError("train.mixed_precision: 'fp16' needs a GPU; use 'bf16' on CPU")
         self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
@@ -59,6 +73,11 @@ class TorchAdapter(FrameworkAdapter):
         train_config, optim_config = config.train, config.optim
         self.task = task
         self.model = task.model.to(self.device)
+        self.channels_last = self.device.type == "cuda" and any(
+            isinstance(m, torch.nn.Conv2d) for m in self.model.modules())
+        if self.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self._scaler_skips = torch.zeros((), dtype=torch.int64, device=self.device)
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
         self.nonfinite = train_config.nonfinite
@@ -93,12 +112,30 @@ class TorchAdapter(FrameworkAdapter):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    @property
+    def skipped_updates(self) -> int:  # type: ignore[override]
+        """Updates dropped for a non-finite gradient, and those the fp16 gradient scaler skipped."""
+        return self._skips + int(self._scaler_skips)
+
+    @skipped_updates.setter
+    def skipped_updates(self, value: int) -> None:
+        self._skips = value
+
+    _skips = 0
+
     def broadcast_state(self, root_rank: int = 0) -> None:
         # Horovod creates missing optimizer state with one zero-gradient step; LR 0 makes that step
-        # a no-op for every optimizer (weight decay included). The schedule sets the real LR.
+        # leave the weights alone. It still counts as a step (Adam's bias correction would start at
+        # step 2, shrinking the first update to about 0.74 of its size) and coupled weight decay
+        # would seed the moments, so when rank 0 has no state yet (a fresh start) the state that
+        # step created is dropped again afterwards: every optimizer starts as a fresh one would.
+        fresh = self.broadcast_object(len(self.optimizer.state) == 0, root_rank)  # distributed
         for group in self.optimizer.param_groups:
             group["lr"] = 0.0
         hvd.broadcast_optimizer_state(self.optimizer, root_rank=root_rank)  # distributed
+        if fresh:
+            self.optimizer.state.clear()
+            self.optimizer.zero_grad()
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=root_rank)  # distributed
         if self.scaler is not None:
             self.scaler.load_state_dict(self.broadcast_object(self.scaler.state_dict(), root_rank))
@@ -107,9 +144,26 @@ class TorchAdapter(FrameworkAdapter):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def sync_model_buffers(self) -> None:
+        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        if not buffers or hvd.size() == 1:
+            return
+        averaged = hvd.grouped_allreduce(buffers, op=hvd.Average, name="hvdtrain.sync_buffers")  # distributed
+        with torch.no_grad():
+            for buffer, value in zip(buffers, averaged):
+                buffer.copy_(value)
+
+    def reseed(self, seed: int) -> None:
+        torch.manual_seed(seed)  # CPU and every CUDA device: dropout masks
+
     def _to_device(self, array: Any) -> torch.Tensor:
         tensor = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
-        return tensor.to(self.device, non_blocking=True)
+        if self.device.type != "cuda":
+            return tensor
+        tensor = tensor.pin_memory().to(self.device, non_blocking=True)  # page-locked: a truly async copy
+        if self.channels_last and tensor.dim() == 4 and tensor.is_floating_point():
+            tensor = tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
 
     def _move(self, inputs: Any) -> Any:
         if isinstance(inputs, dict):
@@ -119,16 +173,17 @@ class TorchAdapter(FrameworkAdapter):
     def _forward(self, inputs: Any) -> Any:
         return self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
 
-    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True) -> float:
+    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True,
+                   weight: float | None = None) -> torch.Tensor:
         self.model.train()
         inputs, targets = self._move(inputs), self._to_device(targets)
         with self._autocast():
             loss = self.task.loss_fn(self._forward(inputs), targets)
-        scaled = loss / self.accumulation
+        scaled = loss * (1.0 / self.accumulation if weight is None else weight)
         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if apply_update:
             self._apply_update()
-        return float(loss.detach())
+        return loss.detach()
 
     def _apply_update(self) -> None:
         if self.adasum:  # each parameter's local update was started in backward; combine and apply them
@@ -144,14 +199,16 @@ class TorchAdapter(FrameworkAdapter):
             self.optimizer.zero_grad()
             if self.nonfinite == "error":
                 raise NonFiniteGradientError(f"the allreduced gradient is not finite (norm {float(norm)})")
-            self.skipped_updates += 1
+            self._skips += 1
             return
         if self.grad_clip_norm is not None:
             torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.grad_clip_norm, norm)
         with self.optimizer.skip_synchronize():
             if self.scaler is not None:
+                scale = self.scaler._scale.clone()  # the scale tensor, read without a host sync
                 self.scaler.step(self.optimizer)  # skips the update itself when fp16 gradients overflowed
-                self.scaler.update()
+                self.scaler.update()  # ... and then lowers the scale: count that on the device, no sync
+                self._scaler_skips += (self.scaler._scale < scale).to(torch.int64)
             else:
                 self.optimizer.step()
         self.optimizer.zero_grad()
@@ -164,8 +221,9 @@ class TorchAdapter(FrameworkAdapter):
             outputs = self._forward(inputs)
             loss = self.task.loss_fn(outputs, targets)
         count = len(targets)
-        sums = {"loss_sum": float(loss) * count, "count": float(count)}
-        sums.update({k: float(v) for k, v in self.task.metric_sums(outputs, targets).items()})
+        sums = {"loss_sum": loss.detach().double() * count, "count": float(count)}
+        sums.update({k: v.detach().double() if torch.is_tensor(v) else float(v)
+                     for k, v in self.task.metric_sums(outputs, targets).items()})
         return sums
 
     def allreduce_sums(self, values: dict[str, float]) -> dict[str, float]:
@@ -216,18 +274,39 @@ class TorchAdapter(FrameworkAdapter):
             torch.save(self.scaler.state_dict(), Path(directory) / SCALER_FILE)
 
     def load_state(self, directory: Path) -> None:
-        # weights_only: tensors and plain containers only, never arbitrary pickled objects.
-        model_state = torch.load(Path(directory) / MODEL_FILE, map_location=self.device, weights_only=True)
+        # weights_only: tensors and plain containers only, never arbitrary pickled objects. Loaded to
+        # the CPU: load_state_dict copies weights to their device and lets the optimizer place its state
+        # (Adam's step counters stay on the CPU, as on the ranks that receive the broadcast).
+        model_state = torch.load(Path(directory) / MODEL_FILE, map_location="cpu", weights_only=True)
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(
-            torch.load(Path(directory) / OPTIMIZER_FILE, map_location=self.device, weights_only=True))
+            torch.load(Path(directory) / OPTIMIZER_FILE, map_location="cpu", weights_only=True))
         if self.scaler is not None and (Path(directory) / SCALER_FILE).is_file():
             self.scaler.load_state_dict(torch.load(Path(directory) / SCALER_FILE, weights_only=True))
 
 
+def pick_device(local_rank: int, local_size: int) -> torch.device:
+    """``cuda:local_rank`` when this process sees a GPU per local worker; the one GPU it sees when
+    the launcher gave each process its own (SLURM ``--gpus-per-task=1``); the CPU without GPUs."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank if count >= local_size else local_rank % count)
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Parameter groups: weight decay on weights, none on biases and normalisation scales/shifts
+    (every parameter of at most one dimension)."""
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.dim() <= 1]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 def build_optimizer(params: Any, optim_config: Any) -> torch.optim.Optimizer:
     """The torch optimizer an :class:`~hvdtrain.core.config.OptimConfig` names (LR is set per step
-    by the schedule). ``params`` may be parameters or parameter groups."""
+    by the schedule). ``params`` may be parameters or parameter groups (:func:`decay_groups`).
+    Weight decay: coupled L2 for ``sgd`` and ``adam`` (added to the gradient), decoupled for
+    ``adamw`` (``lr * weight_decay * weight`` subtracted), the same as the Keras side."""
     name, lr, wd = optim_config.name, optim_config.lr, optim_config.weight_decay
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=optim_config.momentum, weight_decay=wd)

@@ -1,51 +1,104 @@
-"""Keras 3 image models: the same small CNN and ResNet-18 as the torch side, and
-``keras.applications.ResNet50`` (random init) for ResNet-50."""
+"""Keras 3 image models: the same small CNN, ResNet-18 and ResNet-50 as the torch side.
+
+"The same" means the same config learns the same way in both frameworks: BatchNormalization with
+torch's momentum (Keras's ``momentum=0.9`` is torch's ``momentum=0.1``) and epsilon (1e-5);
+torch's initialisers (convolutions in the ResNets ``kaiming_normal_(mode="fan_out")``, every other
+convolution and dense layer torch's default ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for weight
+and bias); strided convolutions padded symmetrically as torch pads them (Keras's ``"same"`` pads
+more on the bottom and right); and the torch variant of the ResNet-50 bottleneck (stride on the
+3x3 convolution, "ResNet v1.5"). ``keras.applications``' models differ in all of these.
+"""
 
 from __future__ import annotations
+
+import math
 
 import keras
 from keras import layers
 
 MODELS = ("small_cnn", "resnet18", "resnet50")
+BN_MOMENTUM, BN_EPSILON = 0.9, 1e-5  # torch's BatchNorm2d(momentum=0.1, eps=1e-5)
+
+
+def _torch_default(fan_in: int) -> dict:
+    """torch's default init for Conv2d/Linear weight and bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return {"kernel_initializer": keras.initializers.VarianceScaling(1.0 / 3.0, "fan_in", "uniform"),
+            "bias_initializer": keras.initializers.RandomUniform(-bound, bound)}
+
+
+def _he_fan_out() -> keras.initializers.Initializer:
+    """torch's ``kaiming_normal_(mode="fan_out", nonlinearity="relu")``."""
+    return keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal")
+
+
+def _bn(x):
+    return layers.BatchNormalization(momentum=BN_MOMENTUM, epsilon=BN_EPSILON)(x)
+
+
+def _conv(x, filters: int, kernel: int, stride: int = 1):
+    """A bias-free convolution padded as torch's ``padding=kernel // 2``."""
+    if stride > 1 and kernel > 1:
+        x = layers.ZeroPadding2D(kernel // 2)(x)
+        padding = "valid"
+    else:
+        padding = "same"
+    return layers.Conv2D(filters, kernel, stride, padding=padding, use_bias=False,
+                         kernel_initializer=_he_fan_out())(x)
 
 
 def small_cnn(input_shape: tuple[int, int, int], num_classes: int) -> keras.Model:
     """Two 3x3 convolutions, max-pool, dropout, two dense layers (the classic MNIST network)."""
+    h, w, c = input_shape
     return keras.Sequential([
         keras.Input(input_shape),
-        layers.Conv2D(32, 3, padding="same", activation="relu"),
-        layers.Conv2D(64, 3, padding="same", activation="relu"),
+        layers.Conv2D(32, 3, padding="same", activation="relu", **_torch_default(c * 9)),
+        layers.Conv2D(64, 3, padding="same", activation="relu", **_torch_default(32 * 9)),
         layers.MaxPooling2D(2), layers.Dropout(0.25), layers.Flatten(),
-        layers.Dense(128, activation="relu"), layers.Dropout(0.5),
-        layers.Dense(num_classes, dtype="float32"),
+        layers.Dense(128, activation="relu", **_torch_default(64 * (h // 2) * (w // 2))), layers.Dropout(0.5),
+        layers.Dense(num_classes, dtype="float32", **_torch_default(128)),
     ], name="small_cnn")
 
 
 def _basic_block(x, width: int, stride: int):
     shortcut = x
-    y = layers.Conv2D(width, 3, stride, padding="same", use_bias=False)(x)
-    y = layers.ReLU()(layers.BatchNormalization()(y))
-    y = layers.BatchNormalization()(layers.Conv2D(width, 3, padding="same", use_bias=False)(y))
+    y = layers.ReLU()(_bn(_conv(x, width, 3, stride)))
+    y = _bn(_conv(y, width, 3))
     if stride != 1 or x.shape[-1] != width:
-        shortcut = layers.BatchNormalization()(layers.Conv2D(width, 1, stride, use_bias=False)(x))
+        shortcut = _bn(_conv(x, width, 1, stride))
     return layers.ReLU()(layers.Add()([y, shortcut]))
+
+
+def _bottleneck(x, width: int, stride: int):
+    shortcut, out = x, width * 4
+    y = layers.ReLU()(_bn(_conv(x, width, 1)))
+    y = layers.ReLU()(_bn(_conv(y, width, 3, stride)))
+    y = _bn(_conv(y, out, 1))
+    if stride != 1 or x.shape[-1] != out:
+        shortcut = _bn(_conv(x, out, 1, stride))
+    return layers.ReLU()(layers.Add()([y, shortcut]))
+
+
+def resnet(input_shape: tuple[int, int, int], num_classes: int, block, layer_counts: list[int], name: str):
+    """A ResNet as torch_models.ResNet builds it; for images smaller than 64 pixels a 3x3 stem
+    without max-pooling."""
+    inputs = keras.Input(input_shape)
+    if min(input_shape[:2]) < 64:
+        x = layers.ReLU()(_bn(_conv(inputs, 64, 3)))
+    else:
+        x = layers.ReLU()(_bn(_conv(inputs, 64, 7, 2)))
+        x = layers.MaxPooling2D(3, 2)(layers.ZeroPadding2D(1)(x))  # after ReLU, zero padding acts as -inf
+    for i, (width, blocks) in enumerate(zip((64, 128, 256, 512), layer_counts)):
+        for j in range(blocks):
+            x = block(x, width, 2 if (j == 0 and i > 0) else 1)
+    fan_in = x.shape[-1]
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, layers.Dense(num_classes, dtype="float32", **_torch_default(fan_in))(x), name=name)
 
 
 def resnet18(input_shape: tuple[int, int, int], num_classes: int) -> keras.Model:
     """ResNet-18; for images smaller than 64 pixels a 3x3 stem without max-pooling."""
-    inputs = keras.Input(input_shape)
-    if min(input_shape[:2]) < 64:
-        x = layers.Conv2D(64, 3, padding="same", use_bias=False)(inputs)
-        x = layers.ReLU()(layers.BatchNormalization()(x))
-    else:
-        x = layers.Conv2D(64, 7, 2, padding="same", use_bias=False)(inputs)
-        x = layers.ReLU()(layers.BatchNormalization()(x))
-        x = layers.MaxPooling2D(3, 2, padding="same")(x)
-    for i, width in enumerate((64, 128, 256, 512)):
-        for j in range(2):
-            x = _basic_block(x, width, 2 if (j == 0 and i > 0) else 1)
-    x = layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, layers.Dense(num_classes, dtype="float32")(x), name="resnet18")
+    return resnet(input_shape, num_classes, _basic_block, [2, 2, 2, 2], "resnet18")
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> keras.Model:
@@ -55,7 +108,6 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
     if name == "resnet18":
         return resnet18(input_shape, num_classes)
     if name == "resnet50":
-        base = keras.applications.ResNet50(weights=None, include_top=False, input_shape=input_shape, pooling="avg")
-        return keras.Model(base.input, layers.Dense(num_classes, dtype="float32")(base.output), name="resnet50")
+        return resnet(input_shape, num_classes, _bottleneck, [3, 4, 6, 3], "resnet50")
     raise ValueError(f"model.name {name!r} is not allowed for image-classification; "
                      f"choose one of: {', '.join(MODELS)}")

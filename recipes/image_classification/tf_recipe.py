@@ -6,7 +6,7 @@ import keras
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain.tensorflow import build_optimizer
+from hvdtrain.tensorflow import build_optimizer, low_rank_variables
 from hvdtrain.tensorflow.images import normalize_inputs
 from recipes.image_classification.common import load_image_data, model_name
 from recipes.image_classification.keras_models import build_model
@@ -29,7 +29,7 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
     model = normalize_inputs(build_model(model_name(config, train), shape, num_classes), shape)
     return hvdtrain.TrainTask(
         model=model,
-        optimizer=build_optimizer(config.optim),
+        optimizer=build_optimizer(config.optim, exclude_variables=low_rank_variables(model)),  # none on BN, bias
         loss_fn=_loss,
         train_data=train,
         val_data=val,

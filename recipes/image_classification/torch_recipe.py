@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import hvdtrain
-from hvdtrain.torch import build_optimizer
+from hvdtrain.torch import build_optimizer, decay_groups
 from hvdtrain.torch.images import normalize_inputs
 from recipes.image_classification.common import load_image_data, model_name
 from recipes.image_classification.torch_models import build_model, pipeline_blocks
@@ -20,7 +20,7 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
     model = normalize_inputs(build_model(model_name(config, train), train.channels, train.image_size, num_classes))
     return hvdtrain.TrainTask(
         model=model,
-        optimizer=build_optimizer(model.parameters(), config.optim),
+        optimizer=build_optimizer(decay_groups(model, config.optim.weight_decay), config.optim),  # none on BN, bias
         loss_fn=lambda logits, labels: F.cross_entropy(logits.float(), labels),
         train_data=train,
         val_data=val,

@@ -6,6 +6,7 @@ The two "hosts" are `localhost` and `127.0.0.1`: two names Horovod treats as sep
 on this machine (no ssh needed)."""
 
 import json
+import math
 
 import pytest
 
@@ -18,6 +19,20 @@ from jobs import BIN, hvdtrain_cli, run
 ARGS = ["--batch-size", "16", "--set", "data.max_train_samples=2048", "--set", "data.max_val_samples=64",
         "--set", "train.log_every=0", "--epochs", "3", "--elastic", "--set", "train.elastic_commit_every=2",
         "--set", "train.stall_timeout_sec=60"]
+
+
+SAMPLES, BATCH, EPOCHS, BASE_LR, WARMUP_EPOCHS = 2048, 16, 3, 0.05, 0.2  # the image recipe's SGD defaults
+
+
+def per_epoch(world_size):
+    return SAMPLES // (BATCH * world_size)
+
+
+def expected_lr(step, world_size):
+    """Cosine with warmup, written out, at (fractional) update ``step`` of ``world_size`` workers."""
+    warmup, total = round(WARMUP_EPOCHS * per_epoch(world_size)), EPOCHS * per_epoch(world_size)
+    progress = min(1.0, (step - warmup) / (total - warmup - 1))
+    return BASE_LR * world_size * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 @pytest.mark.distributed
@@ -40,3 +55,10 @@ def test_worker_killed_then_host_rejoins(tmp_path, framework):
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert rows[-1]["world_size"] == 2
     assert "hvdtrain: done" in proc.stdout
+    # issue 10, item 2: after each re-form the LR is the schedule's value for the samples seen at the
+    # new world size (the last update of an epoch starts 1 or, after a resharded remainder, 1.5
+    # updates before its end), not the value at a step count kept in the old world size's units.
+    for row in rows:
+        lo, hi = sorted(expected_lr(row["epoch"] * per_epoch(row["world_size"]) - back, row["world_size"])
+                        for back in (1.0, 1.5))
+        assert lo - 1e-12 <= row["lr"] <= hi + 1e-12, row

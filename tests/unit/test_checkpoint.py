@@ -204,3 +204,17 @@ def test_atomic_write_text_replaces_content_without_leftovers(tmp_path):
     atomic_write_text(str(target), "")
     assert target.read_text() == ""
     assert names_on_disk(tmp_path) == ["config.yaml"]
+
+
+# issue 10, item 1: checkpoints are ordered by the position in the data, which means the same for
+# any number of workers, not by the step count (whose units depended on the world size).
+def test_latest_and_pruning_follow_the_position_in_the_data(tmp_path):
+    manager = CheckpointManager(tmp_path / "checkpoints", keep_last=2)
+    # written in this order by one run: step units changed with the world size in between, so a
+    # later checkpoint can carry a smaller step than an earlier one
+    manager.save("step-00000040", writer({"m": b"1"}), meta(1, 40, consumed=128))
+    manager.save("epoch-0002", writer({"m": b"2"}), meta(2, 30))
+    manager.save("step-00000034", writer({"m": b"3"}), meta(2, 34, consumed=256))
+    assert [c.path.name for c in manager.checkpoints()] == ["epoch-0002", "step-00000034"]
+    assert manager.latest().path.name == "step-00000034"
+    assert manager.checkpoints()[0].progress == (2, 0, 30)

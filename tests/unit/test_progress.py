@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from hvdtrain.core.adapter import DistContext
 from hvdtrain.core.config import load_config
 from hvdtrain.core.progress import CLEAR_LINE, ProgressBar, format_duration, render_bar
@@ -54,3 +56,27 @@ def test_quiet_when_not_a_terminal_or_not_rank_0():
     other_rank = Terminal()
     _run_epoch(ProgressBar(other_rank, min_interval=0.0), rank=1)
     assert other_rank.getvalue() == ""
+
+
+# issue 10, item 11: Open MPI gives each worker a pseudo-terminal and forwards what it writes into
+# the launcher's output (a log file): no bar there unless asked for.
+@pytest.mark.parametrize("launcher", ["OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID"])
+def test_no_bar_under_a_launcher_even_on_a_terminal(monkeypatch, launcher):
+    monkeypatch.delenv("HVDTRAIN_PROGRESS_BAR", raising=False)
+    monkeypatch.setenv(launcher, "0")
+    stream = Terminal()
+    _run_epoch(ProgressBar(stream, min_interval=0.0))
+    assert stream.getvalue() == ""
+
+
+def test_the_bar_can_be_asked_for_under_a_launcher_and_turned_off_on_a_terminal(monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.setenv("HVDTRAIN_PROGRESS_BAR", "1")
+    asked = Terminal()
+    _run_epoch(ProgressBar(asked, min_interval=0.0))
+    assert "epoch 1/2 [" in asked.getvalue()
+    monkeypatch.delenv("OMPI_COMM_WORLD_RANK")
+    monkeypatch.setenv("HVDTRAIN_PROGRESS_BAR", "0")
+    refused = Terminal()
+    _run_epoch(ProgressBar(refused, min_interval=0.0))
+    assert refused.getvalue() == ""

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from hvdtrain.core.config import load_config
-from hvdtrain.core.schedule import LRSchedule, build_schedule, scale_lr
+from hvdtrain.core.schedule import LRSchedule, build_schedule, scale_lr, schedule_step
 
 BASE, PEAK = 0.1, 0.8
 
@@ -143,3 +143,51 @@ def test_build_schedule_scales_the_peak(rule, world_size, peak):
 def test_build_schedule_has_at_least_one_step():
     optim = load_config().optim
     assert build_schedule(optim, world_size=1, steps_per_epoch=0, epochs=3).total_steps == 1
+
+
+# --- issue 10: one notion of progress (the position in the data) for any world size ------------
+
+def _optim(*overrides):
+    return load_config(overrides=list(overrides)).optim
+
+
+def test_a_reform_runs_the_lr_the_schedule_gives_for_the_samples_seen():
+    # The issue's case: 90 epochs of cosine from base LR 0.1 (linear scaling), 8 workers, then 4 from
+    # epoch 45. 1,000 updates per epoch at 8 workers, 2,000 at 4 (the global batch halves).
+    optim = _optim("optim.lr=0.1", "optim.lr_scaling=linear", "optim.warmup_epochs=0", "optim.decay=cosine")
+    samples_per_epoch = 8 * 1000 * 32
+    four = build_schedule(optim, world_size=4, steps_per_epoch=2000, epochs=90)
+    at_45 = four(schedule_step(45, 0, samples_per_step=4 * 32, steps_per_epoch=2000))
+    assert at_45 == pytest.approx(0.2, rel=1e-3)  # half of the cosine, peak 0.4 for 4 workers
+    last = four(schedule_step(89, samples_per_epoch - 4 * 32, samples_per_step=4 * 32, steps_per_epoch=2000))
+    assert last == pytest.approx(0.0, abs=1e-6)
+    # before the change, 8 workers at the same position: half of peak 0.8
+    eight = build_schedule(optim, world_size=8, steps_per_epoch=1000, epochs=90)
+    assert eight(schedule_step(45, 0, samples_per_step=8 * 32, steps_per_epoch=1000)) == pytest.approx(0.4, rel=1e-3)
+
+
+def test_schedule_step_equals_the_update_count_without_a_change():
+    for step in range(0, 50):
+        epoch, within = divmod(step, 10)
+        assert schedule_step(epoch, within * 64, samples_per_step=64, steps_per_epoch=10) == step
+
+
+def test_mid_epoch_position_after_a_world_size_change_is_fractional():
+    # 128 samples consumed by 1 worker at batch 16 (8 of its updates) = 2 updates of 4 workers
+    assert schedule_step(1, 128, samples_per_step=64, steps_per_epoch=8) == 10
+    assert schedule_step(1, 96, samples_per_step=64, steps_per_epoch=8) == 9.5
+
+
+@pytest.mark.parametrize("name, expected", [("sgd", 8 * 0.1), ("adam", math.sqrt(8) * 0.1),
+                                            ("adamw", math.sqrt(8) * 0.1)])
+def test_auto_scaling_is_linear_for_sgd_and_sqrt_for_adam(name, expected):
+    optim = _optim(f"optim.name={name}", "optim.lr=0.1")
+    assert optim.lr_scaling == "auto"
+    assert build_schedule(optim, world_size=8, steps_per_epoch=5, epochs=1).peak_lr == pytest.approx(expected)
+
+
+def test_scaling_counts_accumulated_micro_batches():
+    optim = _optim("optim.lr=0.1", "optim.lr_scaling=linear")
+    assert build_schedule(optim, 2, 5, 1, grad_accumulation=4).peak_lr == pytest.approx(0.8)
+    optim = _optim("optim.lr=0.1", "optim.lr_scaling=sqrt")
+    assert build_schedule(optim, 2, 5, 1, grad_accumulation=8).peak_lr == pytest.approx(0.4)
