@@ -14,7 +14,8 @@ load average recorded before and after each launch. Results: ``benchmarks/text_c
 torch, the embedded MiniLM (all-MiniLM-L6-v2), ``text.max_length=128``, batch 8 per rank.
 
 * **time to first step**: from launching ``horovodrun`` until rank 0 prints the first step's line
-  (``train.log_every=1``); the job is then stopped. Cold: the token cache directory is empty;
+  (``train.log_every=1``); the job is then stopped. ``ready_seconds``: until rank 0 prints that
+  the task (data and model) is built. Cold: the token cache directory is empty;
   cached: the same command again.
 * **peak RSS per rank**: the kernel's high-water mark (``VmHWM`` in ``/proc/PID/status``) of each
   training process, read until the job is stopped (after the first step).
@@ -39,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -136,28 +138,28 @@ def first_step(checkout: Path, data: Path, cache: Path, output: Path, timeout: f
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True, cwd=str(checkout))
     peaks: dict[int, int] = {}
-    seconds, log = None, []
-    os.set_blocking(proc.stdout.fileno(), False)
-    buffer = ""
+    lines: list[tuple[float, str]] = []  # (arrival time, line), filled by a reader thread
+    reader = threading.Thread(target=lambda: [lines.append((time.perf_counter(), line)) for line in proc.stdout],
+                              daemon=True)
+    reader.start()
+    seconds, deadline = None, None
     try:
         while time.perf_counter() - started < timeout:
             for pid in _descendants(proc.pid):
                 peak = _peak_kib(pid)
                 if peak is not None:
                     peaks[pid] = max(peaks.get(pid, 0), peak)
-            chunk = proc.stdout.read() or ""
-            buffer += chunk
-            if seconds is None and re.search(r"step 1/\d+", buffer):
-                seconds = time.perf_counter() - started
-                deadline = time.perf_counter() + 2.0  # read the high-water marks a little after the step
-            if seconds is not None and time.perf_counter() > deadline:
+            if seconds is None:
+                hit = next((t for t, line in list(lines) if re.search(r"step 1/\d+", line)), None)
+                if hit is not None:
+                    seconds = hit - started
+                    deadline = time.perf_counter() + 2.0  # read the high-water marks a little after the step
+            if deadline is not None and time.perf_counter() > deadline:
                 break
             if proc.poll() is not None:
-                buffer += proc.stdout.read() or ""
                 break
             time.sleep(0.1)
     finally:
-        log = buffer.splitlines()
         try:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=20)
@@ -166,7 +168,10 @@ def first_step(checkout: Path, data: Path, cache: Path, output: Path, timeout: f
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    return {"seconds": seconds, "peak_rss_mib": sorted(round(v / 1024) for v in peaks.values()),
+        reader.join(timeout=5)
+    log = [line.rstrip() for _, line in lines]
+    ready = next((t - started for t, line in lines if re.search(r"on \d+ worker\(s\):", line)), None)
+    return {"seconds": seconds, "ready_seconds": ready, "peak_rss_mib": sorted(round(v / 1024) for v in peaks.values()),
             "load_before": load_before, "load_after": os.getloadavg(),
             "log_tail": [line for line in log if "hvdtrain" in line or "bert-finetune" in line][-6:]
             if seconds else log[-30:]}
@@ -207,21 +212,25 @@ def run(args) -> dict:
     for round_number in range(args.rounds):
         shutil.rmtree(work, ignore_errors=True)
         one = {"round": round_number + 1}
+        sizes = [(n, d) for n, d in (("small", small), ("big", big)) if n in args.sizes.split(",")]
+        sizes = sizes if round_number < args.big_rounds else [(n, d) for n, d in sizes if n == "small"]
         if not args.skip_baseline:
             one["baseline_small"] = first_step(baseline, small, work / "cache-baseline", work / "out-baseline")
             print(json.dumps({"baseline_small": one["baseline_small"]}), flush=True)
-        for name, data in (("small", small), ("big", big)):
+        for name, data in sizes:
             one[f"cold_{name}"] = first_step(REPO, data, work / f"cache-{name}", work / f"out-{name}")
             print(json.dumps({f"cold_{name}": one[f"cold_{name}"]}), flush=True)
             one[f"cached_{name}"] = first_step(REPO, data, work / f"cache-{name}", work / f"out-{name}")
             print(json.dumps({f"cached_{name}": one[f"cached_{name}"]}), flush=True)
+            if args.skip_encode:
+                continue
             load_before = os.getloadavg()
             seconds = float(subprocess.run([sys.executable, __file__, "encode", str(data)], capture_output=True,
                                            text=True, check=True).stdout.split()[-1])
             one[f"encode_{name}"] = {"seconds": seconds, "load_before": load_before, "load_after": os.getloadavg()}
             print(json.dumps({f"encode_{name}": one[f"encode_{name}"]}), flush=True)
         results["rounds"].append(one)
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        Path(args.results).write_text(json.dumps(results, indent=1) + "\n")
     if args.throughput_rounds:
         results["throughput"] = []
         for _ in range(args.throughput_rounds):
@@ -229,8 +238,8 @@ def run(args) -> dict:
                     "cache": throughput(REPO, work / "tp-new", args.throughput_rows)}
             print(json.dumps({"throughput": pair}), flush=True)
             results["throughput"].append(pair)
-            RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+            Path(args.results).write_text(json.dumps(results, indent=1) + "\n")
+    Path(args.results).write_text(json.dumps(results, indent=1) + "\n")
     return results
 
 
@@ -283,9 +292,13 @@ def main() -> None:
     bench.add_argument("--rows", type=int, default=1_000_000)
     bench.add_argument("--baseline-rows", type=int, default=100_000)
     bench.add_argument("--rounds", type=int, default=2)
+    bench.add_argument("--big-rounds", type=int, default=2, help="rounds that include the big file")
     bench.add_argument("--throughput-rounds", type=int, default=2)
     bench.add_argument("--throughput-rows", type=int, default=480, help="training sentences of the throughput runs")
     bench.add_argument("--skip-baseline", action="store_true")
+    bench.add_argument("--skip-encode", action="store_true", help="leave out the tokenizer-alone timing")
+    bench.add_argument("--sizes", default="small,big", help="which files: small (--baseline-rows), big (--rows)")
+    bench.add_argument("--results", default=str(RESULTS), help="where the results go")
     bench.add_argument("--work", default="/tmp/hvdtrain-text-bench/work")
     report = sub.add_parser("table", help="print the Markdown table of the last results")
     report.add_argument("results", nargs="?", default=str(RESULTS))
