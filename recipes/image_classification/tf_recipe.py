@@ -8,7 +8,7 @@ import tensorflow as tf
 import hvdtrain
 from hvdtrain.tensorflow import build_optimizer
 from recipes.image_classification.common import load_datasets
-from recipes.image_classification.keras_models import build_model
+from recipes.image_classification.keras_models import build_model, pipeline_blocks
 
 
 def _loss(logits, labels):
@@ -31,4 +31,5 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         train_data=train,
         val_data=val,
         metric_sums=_correct,
+        pipeline_blocks=lambda: pipeline_blocks(model),  # parallel.pipeline_stages > 1
     )
