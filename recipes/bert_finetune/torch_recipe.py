@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import hvdtrain
 from hvdtrain.torch import build_optimizer
-from recipes.bert_finetune import common, export, pretrained
+from recipes.bert_finetune import common, export, pretrained, torch_stages
 from recipes.bert_finetune.tokenized import TORCH_INPUTS
 
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
@@ -95,4 +95,5 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         finalize_metrics=common.finalize_metrics,
         export=export_model,
         info={"model_dir": str(data.model_dir), "labels": data.labels},
+        pipeline_blocks=lambda: torch_stages.pipeline_blocks(model),  # parallel.pipeline_stages > 1
     )

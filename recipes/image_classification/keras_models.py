@@ -111,3 +111,22 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
         return resnet(input_shape, num_classes, _bottleneck, [3, 4, 6, 3], "resnet50")
     raise ValueError(f"model.name {name!r} is not allowed for image-classification; "
                      f"choose one of: {', '.join(MODELS)}")
+
+
+def pipeline_blocks(model: keras.Model) -> list[keras.Model]:
+    """``model`` as ordered sub-models sharing its layers, for pipeline stages: small_cnn's features |
+    classifier; ResNet-18's stem, each residual block, then the pooling head; ResNet-50's stem and
+    each bottleneck block (``*_out``), then the head."""
+    from hvdtrain.tensorflow.pipeline import functional_blocks
+
+    if model.name == "small_cnn":
+        cuts = [next(layer for layer in model.layers if isinstance(layer, layers.Flatten))]
+    elif model.name == "resnet18":  # the stem's ReLU, then the ReLU after each residual Add
+        found = model.layers
+        cuts = [next(layer for layer in found if isinstance(layer, layers.ReLU))]
+        cuts += [found[i + 1] for i, layer in enumerate(found) if isinstance(layer, layers.Add)]
+    elif model.name == "resnet50":
+        cuts = [layer for layer in model.layers if layer.name == "pool1_pool" or layer.name.endswith("_out")]
+    else:
+        raise ValueError(f"no pipeline blocks for {model.name}")
+    return functional_blocks(model, cuts)

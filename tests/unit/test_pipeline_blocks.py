@@ -1,0 +1,74 @@
+"""The recipes' pipeline blocks, composed in order, compute exactly the un-cut model (one process):
+torch small_cnn / ResNet-18 / a tiny BERT with padding, Keras small_cnn / ResNet-18."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed" / "workers"))
+
+
+def run_blocks(blocks, inputs):
+    x = inputs
+    for block in blocks:
+        x = block(x, inputs) if getattr(block, "needs_inputs", False) else block(x)
+    return x
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "resnet18"])
+def test_torch_image_blocks_compose_to_the_model(name):
+    torch = pytest.importorskip("torch")
+    from recipes.image_classification.torch_models import build_model, pipeline_blocks
+
+    torch.manual_seed(0)
+    model = build_model(name, 1, (28, 28), 10).eval()
+    blocks = pipeline_blocks(model)
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(run_blocks(blocks, x), model(x))
+    owned = {id(p) for b in blocks for p in b.parameters()}
+    assert owned == {id(p) for p in model.parameters()}
+    assert len(blocks) == (2 if name == "small_cnn" else 10)
+
+
+def test_torch_bert_blocks_compose_to_the_model(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from bert_tiny_model import make_tiny_bert, movie_sentences
+
+    from recipes.bert_finetune import torch_recipe, torch_stages
+
+    train, _ = movie_sentences(200, 10)
+    model_dir = make_tiny_bert(tmp_path / "tiny", list(train.texts))
+    wrapped = torch_recipe.LogitsOnly(torch_recipe.load_model(model_dir, ["neg", "pos"], 0)).eval()
+    blocks = torch_stages.pipeline_blocks(wrapped.model)
+    inputs = {"input_ids": torch.tensor([[2, 7, 9, 11, 3, 0, 0], [2, 8, 5, 6, 12, 13, 3]]),
+              "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1]]),
+              "token_type_ids": torch.zeros(2, 7, dtype=torch.long)}
+    with torch.no_grad():
+        assert torch.allclose(run_blocks(blocks, inputs), wrapped(**inputs), atol=1e-6, rtol=0)
+    owned = {id(p) for b in blocks for p in b.parameters()}
+    assert owned == {id(p) for p in wrapped.parameters()}
+    assert len(blocks) == 1 + wrapped.model.config.num_hidden_layers + 1
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "resnet18"])
+def test_keras_image_blocks_compose_to_the_model(name):
+    pytest.importorskip("tensorflow")
+    import keras
+
+    from recipes.image_classification.keras_models import build_model, pipeline_blocks
+
+    keras.utils.set_random_seed(0)
+    model = build_model(name, (28, 28, 1), 10)
+    blocks = pipeline_blocks(model)
+    x = np.random.default_rng(0).random((3, 28, 28, 1)).astype("float32")
+    y = x
+    for block in blocks:
+        y = block(y, training=False)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(model(x, training=False)))
+    assert {id(v) for b in blocks for v in b.trainable_variables} == {id(v) for v in model.trainable_variables}
