@@ -102,6 +102,9 @@ def kept_date(results: dict) -> str:
     return ", ".join(sorted({r.get("date", "?") for r in results.get("rows", []) if r.get("item") in kept}))
 
 
+COMPRESSION_MARKER = "<!-- benchmarks/compression.md -->"
+
+
 def write(results: dict, markdown: Path, png: Path) -> None:
     """BENCHMARKS.md and the plot."""
     m = results.get("machine", {})
@@ -126,6 +129,9 @@ def write(results: dict, markdown: Path, png: Path) -> None:
     notes = HERE / "NOTES.md"
     if notes.is_file():
         text += "\n" + notes.read_text()
+    compression = HERE / "compression.md"  # written by benchmarks/compression.py
+    if compression.is_file():
+        text += "\n" + COMPRESSION_MARKER + "\n" + compression.read_text()
     markdown.write_text(text)
     plot(results, png)
 
