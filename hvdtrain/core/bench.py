@@ -140,7 +140,8 @@ def run_bench(config: Any, settings: BenchSettings) -> tuple[BenchResult, int]:
     adapter.broadcast_state(root_rank=0)
     adapter.set_learning_rate(config.optim.lr)
     inputs, targets = module.to_device(adapter, task.train_data.inputs, task.train_data.targets)
-    rates = timed_iterations(lambda: adapter.train_step(inputs, targets), config.train.batch_size,
+    # float(): wait for the step (train_step returns the loss on the device, without a host sync)
+    rates = timed_iterations(lambda: float(adapter.train_step(inputs, targets)), config.train.batch_size,
                              settings.warmup_batches, settings.batches_per_iter, settings.iters)
     result = BenchResult(config.framework, config.model.name, config.train.batch_size, ctx.size, asdict(settings),
                          asdict(config.comm), config.train.fp16_allreduce, config.train.mixed_precision,

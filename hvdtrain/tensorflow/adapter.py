@@ -336,8 +336,32 @@ class CoupledSGD(_CoupledWeightDecay, keras.optimizers.SGD):
         self.assign_sub(variable, velocity * tf.cast(learning_rate, variable.dtype))
 
 
-class CoupledAdam(_CoupledWeightDecay, keras.optimizers.Adam):
-    """Adam with torch's coupled weight decay."""
+class _TorchAdamStep:
+    """Adam's step as torch computes it: epsilon added after the second moment's bias correction
+    (``lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)``); Keras adds it before, which makes the
+    effective epsilon ``eps / sqrt(1 - b2^t)``, 30 times torch's at the first step."""
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        if self.amsgrad:
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = variable.dtype
+        gradient = tf.cast(gradient, dtype)
+        step = tf.cast(self.iterations + 1, dtype)
+        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        self.assign_add(m, (gradient - m) * (1 - beta_1))
+        self.assign_add(v, (tf.square(gradient) - v) * (1 - beta_2))
+        denominator = tf.sqrt(v) / tf.sqrt(1 - tf.pow(beta_2, step)) + tf.cast(self.epsilon, dtype)
+        self.assign_sub(variable, tf.cast(learning_rate, dtype) / (1 - tf.pow(beta_1, step)) * m / denominator)
+
+
+class CoupledAdam(_CoupledWeightDecay, _TorchAdamStep, keras.optimizers.Adam):
+    """Adam as torch runs it: coupled weight decay, torch's epsilon placement."""
+
+
+class TorchAdamW(_TorchAdamStep, keras.optimizers.AdamW):
+    """AdamW (decoupled weight decay, as in torch) with torch's epsilon placement."""
 
 
 def low_rank_variables(model: Any) -> list[Any]:
@@ -351,14 +375,14 @@ def build_optimizer(optim_config: Any, exclude_from_weight_decay: list[str] | No
     by the schedule). Variables whose names contain a string in ``exclude_from_weight_decay``, and
     those in ``exclude_variables`` (e.g. :func:`low_rank_variables`), get no weight decay. Weight
     decay means what it means in torch: coupled L2 for ``sgd`` and ``adam``, decoupled for
-    ``adamw``. Keras's epsilon for Adam/AdamW is set to torch's 1e-8."""
+    ``adamw``. Adam and AdamW use torch's epsilon (1e-8) and its placement."""
     name, lr, wd = optim_config.name, optim_config.lr, optim_config.weight_decay
     if name == "sgd":
         opt = CoupledSGD(learning_rate=lr, momentum=optim_config.momentum, l2=wd)
     elif name == "adam":
         opt = CoupledAdam(learning_rate=lr, epsilon=1e-8, l2=wd)
     elif name == "adamw":
-        opt = keras.optimizers.AdamW(learning_rate=lr, weight_decay=wd, epsilon=1e-8)
+        opt = TorchAdamW(learning_rate=lr, weight_decay=wd, epsilon=1e-8)
     else:
         raise ConfigError(f"optim.name: {name!r} is not allowed; choose one of: sgd, adam, adamw")
     if exclude_from_weight_decay or exclude_variables:
