@@ -172,7 +172,8 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
                     received[row[s - 1]] = unpack(got)
         return results
 
-    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True) -> float:
+    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True,
+                   weight: float | None = None) -> float:  # weight: always the whole batch (no accumulation)
         inputs, targets = _as_tensor(inputs), tf.convert_to_tensor(targets)
         n, s, stages = int(targets.shape[0]), self.stage, self.layout.stages
         sizes = pipeline.split_sizes(n, self.micro_batches)
@@ -257,6 +258,19 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
         root = self.layout.rank_of(self.stage, 0)
         hvd.broadcast_variables(tf_variables(self.own_variables) + tf_variables(self.optimizer.variables),
                                 root_rank=root, process_set=self.stage_set)  # distributed: replicas start equal
+
+    def sync_model_buffers(self) -> None:
+        """BatchNorm statistics of this stage's own layers, averaged over the stage's replicas only."""
+        floats = ("float16", "bfloat16", "float32", "float64")
+        stats = [v for v, s in zip(self.model.variables, self.variable_stage)
+                 if s == self.stage and not v.trainable and v.dtype in floats]
+        if not stats or self.stage_set is None:
+            return
+        averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in stats], op=hvd.Average,
+                                         name=f"hvdtrain.pipe.buffers.{self.stage}",
+                                         process_set=self.stage_set)  # distributed: this stage's replicas
+        for variable, value in zip(stats, averaged):
+            variable.assign(value)
 
     def gather_state(self) -> None:
         if self.replica == 0:

@@ -122,6 +122,7 @@ class TorchAdapter(FrameworkAdapter):
         self._skips = value
 
     _skips = 0
+    _scaler_skips: Any = 0  # a device tensor once prepare() ran; subclasses that prepare otherwise keep 0
 
     def broadcast_state(self, root_rank: int = 0) -> None:
         # Horovod creates missing optimizer state with one zero-gradient step; LR 0 makes that step

@@ -213,7 +213,8 @@ class TorchPipelineAdapter(TorchAdapter):
                     received[row[s - 1]] = unpack(got).requires_grad_(train)
         return results
 
-    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True) -> float:
+    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True,
+                   weight: float | None = None) -> float:  # weight: always the whole batch (no accumulation)
         for block in self.blocks:
             block.train()
         inputs, targets = self._move(inputs), self._to_device(targets)
@@ -329,6 +330,18 @@ class TorchPipelineAdapter(TorchAdapter):
                                      process_set=self.stage_set)  # distributed
         if hvd.rank() != root:
             self._load_own_optimizer_state(optim)
+
+    def sync_model_buffers(self) -> None:
+        """BatchNorm statistics of this stage's own blocks, averaged over the stage's replicas only."""
+        own = set(self.own_names)
+        buffers = [b for n, b in self.model.named_buffers() if n in own and b.is_floating_point()]
+        if not buffers or self.stage_set is None:
+            return
+        averaged = hvd.grouped_allreduce(buffers, op=hvd.Average, name=f"hvdtrain.pipe.buffers.{self.stage}",
+                                         process_set=self.stage_set)  # distributed: this stage's replicas
+        with torch.no_grad():
+            for buffer, value in zip(buffers, averaged):
+                buffer.copy_(value)
 
     def gather_state(self) -> None:
         if self.replica == 0:
