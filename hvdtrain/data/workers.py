@@ -15,6 +15,7 @@ through :meth:`WorkerPool.close` (also registered with ``atexit``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -31,6 +32,24 @@ import numpy as np
 
 PR_SET_PDEATHSIG = 1
 
+
+
+@contextlib.contextmanager
+def _main_not_reimported():
+    """While workers start: hide the trainer's ``__main__`` from ``spawn``, which would otherwise
+    re-run the user's script in every worker (a script without an ``if __name__ == "__main__":``
+    guard would start a second training there and fail). Workers need only this package."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        if "__file__" in saved:
+            del main.__dict__["__file__"]
+        if "__spec__" in saved:
+            main.__dict__["__spec__"] = None  # spawn reads it: None means "no module to import"
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
 
 class WorkerDied(RuntimeError):
     """A data worker process ended unexpectedly (killed, out of memory)."""
@@ -108,8 +127,9 @@ class WorkerPool:
         self.tasks = [ctx.Queue() for _ in range(num_workers)]
         self.procs = [ctx.Process(target=worker_main, args=(os.getpid(), q, self.results), daemon=True,
                                   name=f"hvdtrain-data-{i}") for i, q in enumerate(self.tasks)]
-        for p in self.procs:
-            p.start()
+        with _main_not_reimported():
+            for p in self.procs:
+                p.start()
         self.shm: shared_memory.SharedMemory | None = None
         self._sources = 0
         self._batch = 0

@@ -186,3 +186,20 @@ def test_index_is_compact(tmp_path):
     root = jpeg_tree(tmp_path / "d")
     index = load_index(root / "train")
     assert index.nbytes < 40 * len(index) + 100
+
+
+def test_a_script_without_a_main_guard_can_start_workers(tmp_path):
+    """spawn would re-run the user's script in each worker; the pool keeps workers from importing it."""
+    marker = tmp_path / "runs.txt"
+    script = tmp_path / "train_script.py"
+    script.write_text(
+        "from hvdtrain.data.workers import WorkerPool\n"
+        f"open({str(marker)!r}, 'a').write('ran\\n')\n"
+        "pool = WorkerPool(2)\n"
+        "pool.close()\n"
+        "print('ok')\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
+    assert marker.read_text() == "ran\n"  # the script ran once: in the trainer, not again in each worker
