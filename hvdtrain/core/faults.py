@@ -7,7 +7,7 @@ Set ``HVDTRAIN_FAULT`` to one or more comma-separated faults, ``KIND[:rank=R][:s
 * ``hang``   sleep forever before step S (a rank that never reaches the next collective);
 * ``slow``   sleep ``ms`` milliseconds (default 100) before every step from step S on: a straggler,
   or a survivor kept busy long enough for an elastic host to come back;
-* ``nan``    make rank R's inputs NaN at step S (a non-finite loss and gradient);
+* ``nan``    make rank R's gradient NaN at step S (its loss is weighted by NaN);
 * ``crash-in-checkpoint``  exit abruptly after a checkpoint's files are written, before the
   rename that publishes it (step S: the first checkpoint at or after that step).
 

@@ -403,8 +403,8 @@ class Trainer:
         for i, (inputs, targets) in enumerate(loaded):
             self.watchdog.beat(stats.global_step, "running the training step's user code")
             faults.before_step(ctx.rank, stats.global_step)
-            if faults.active("nan", ctx.rank, stats.global_step):
-                inputs = np.full_like(inputs, np.nan)
+            # the injected fault poisons the step's loss weight: NaN gradients whatever the inputs' dtype
+            poisoned = faults.active("nan", ctx.rank, stats.global_step)
             if i % accum == 0:  # the LR at this position in the data, whatever the world size
                 stats.lr = schedule(schedule_step(epoch, start + i * cfg.train.batch_size * ctx.data_size,
                                                   samples_per_step, steps_per_epoch))
@@ -415,7 +415,7 @@ class Trainer:
             self.watchdog.beat(stats.global_step, "waiting in collectives (gradient allreduce)")
             try:
                 loss = adapter.train_step(inputs, targets, apply_update=apply,
-                                          weight=len(targets) / window_samples)
+                                          weight=float("nan") if poisoned else len(targets) / window_samples)
             except NonFiniteGradientError as exc:
                 raise TrainingError(
                     f"{exc} at epoch {epoch + 1}, batch {i + 1} (optimizer step {stats.global_step + 1}); stopped "
