@@ -28,7 +28,12 @@ else:
     import keras
     import tensorflow as tf
 
-    layer = next(l for l in trainer.adapter.model.layers if isinstance(l, keras.layers.Dropout))
+    def layers_of(model):  # the recipe's model sits inside a uint8-normalising wrapper
+        for layer in model.layers:
+            yield layer
+            yield from layers_of(layer) if isinstance(layer, keras.Model) else ()
+
+    layer = next(l for l in layers_of(trainer.adapter.model) if isinstance(l, keras.layers.Dropout))
     mask = np.asarray(layer(tf.ones((1, 256)), training=True))[0] != 0
 masks = trainer.adapter.allgather_object(mask.astype(int).tolist())
 if trainer.ctx.rank == 0:
