@@ -10,6 +10,7 @@ import click
 from hvdtrain.core.adapter import FrameworkMissingError
 from hvdtrain.core.checkpoint import CheckpointError
 from hvdtrain.core.config import ConfigError
+from hvdtrain.core.hosts import HostError
 from hvdtrain.core.loop import TrainingError
 from hvdtrain.core.registry import RecipeError
 
@@ -18,7 +19,7 @@ USER_ERRORS = (ConfigError, RecipeError, ValueError, LookupError, ImportError, R
 # The user's mistakes: a bad value, name, file or folder, explained by the message alone. Anything
 # else (a RuntimeError such as CUDA out-of-memory or an NCCL failure, an OSError, a KeyError) is a
 # failure the user did not cause: it keeps its traceback.
-EXPLAINED = (ConfigError, RecipeError, ValueError, TrainingError, CheckpointError, FrameworkMissingError)
+EXPLAINED = (ConfigError, RecipeError, ValueError, TrainingError, CheckpointError, FrameworkMissingError, HostError)
 
 
 def fail(exc: BaseException) -> None:
