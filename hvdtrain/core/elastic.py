@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
+from hvdtrain.core.hosts import describe_workers
 from hvdtrain.core.rank0 import RankZeroGate
 
 # A failed collective inside a tf.function surfaces as TensorFlow's UnknownError with one of these
@@ -60,6 +61,9 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
         def sync(self) -> None:
             trainer.watchdog.beat(state.position.step, "waiting in collectives (elastic state broadcast)")
             adapter.broadcast_state(root_rank=0)  # distributed: new and old workers start from rank 0
+            where = describe_workers(adapter)  # a joining host with other versions is named here
+            if where:
+                trainer.gate.print(where)
             state.position, state.history = adapter.broadcast_object((state.position, state.history))
             state.carried = None  # partial training-loss sums are per rank; restart them
             trainer._reseed(state.position)  # every rank its own dropout stream again

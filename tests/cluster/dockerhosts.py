@@ -42,6 +42,7 @@ class Cluster:
         self.docker = ""
         self.network = f"{PREFIX}-net"
         self.volume = f"{PREFIX}-shared"
+        self.elastic_volume = f"{PREFIX}-elastic"  # writable on every host: an elastic job's rank 0 can be on any
         self.keys = tmp / "ssh"
         self.hosts: dict[str, dict] = {}
         self.timings: dict[str, float] = {}
@@ -66,6 +67,7 @@ class Cluster:
         self.remove()
         self.run("network", "create", self.network)
         self.run("volume", "create", self.volume)
+        self.run("volume", "create", self.elastic_volume)
         self.keys.mkdir(parents=True, exist_ok=True)
         if not (self.keys / "id_ed25519").exists():
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hvdtrain-test", "-f",
@@ -77,11 +79,13 @@ class Cluster:
 
     def add_host(self, name: str, writable: bool = False) -> None:
         """A worker container with host name ``name``. Only the first host (rank 0's, and the
-        launcher's) mounts the shared volume writable: a write from another host fails loudly."""
+        launcher's) mounts the shared volume writable: a write from another host fails loudly.
+        Every host mounts a second volume writable at /elastic: Horovod's elastic driver puts
+        rank 0 on whichever host it lists first, and on a survivor after rank 0's host is lost."""
         mount = f"{self.volume}:/shared" + ("" if writable else ":ro")
         self.run("run", "-d", "--name", self.container(name), "--hostname", name, "--network", self.network,
                  "--network-alias", name, "--shm-size=256m", "-v", f"{self.keys}:/etc/hvdtrain/ssh:ro",
-                 "-v", mount, IMAGE, "worker")
+                 "-v", mount, "-v", f"{self.elastic_volume}:/elastic", IMAGE, "worker")
         self.hosts[name] = {"writable": writable}
 
     def wait_ssh(self, name: str, timeout: float = 60) -> None:
@@ -126,9 +130,10 @@ class Cluster:
         return subprocess.Popen([self.docker, "exec", "-w", "/shared", *flags, self.container(host), *cmd],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
 
-    def shared(self) -> Path:
-        """The shared volume's folder on this machine (read directly by the tests)."""
-        return Path(self.run("volume", "inspect", self.volume, "--format", "{{.Mountpoint}}").stdout.strip())
+    def shared(self, volume: str | None = None) -> Path:
+        """The shared (or another) volume's folder on this machine (read directly by the tests)."""
+        return Path(self.run("volume", "inspect", volume or self.volume, "--format",
+                             "{{.Mountpoint}}").stdout.strip())
 
     # -- clean-up -----------------------------------------------------------------------------
     def remove(self) -> None:
@@ -139,5 +144,5 @@ class Cluster:
         if listed:
             self.run("rm", "-f", *listed, check=False)
         self.run("network", "rm", self.network, check=False)
-        self.run("volume", "rm", "-f", self.volume, check=False)
+        self.run("volume", "rm", "-f", self.volume, self.elastic_volume, check=False)
         self.hosts.clear()

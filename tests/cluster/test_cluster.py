@@ -57,16 +57,16 @@ def cluster(tmp_path_factory):
         hosts.remove()
 
 
-def metrics(cluster: Cluster, name: str) -> list[dict]:
-    path = cluster.shared() / "runs" / name / "metrics.jsonl"
+def metrics(cluster: Cluster, name: str, volume: str | None = None) -> list[dict]:
+    path = cluster.shared(volume) / "runs" / name / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def assert_consistent_checkpoint(cluster: Cluster, name: str, epochs: int) -> dict:
+def assert_consistent_checkpoint(cluster: Cluster, name: str, epochs: int, volume: str | None = None) -> dict:
     """The newest checkpoint on the shared volume matches its checksums and has all epochs."""
     from hvdtrain.core.checkpoint import CheckpointManager
 
-    folders = sorted(p for p in (cluster.shared() / "runs" / name / "checkpoints").iterdir()
+    folders = sorted(p for p in (cluster.shared(volume) / "runs" / name / "checkpoints").iterdir()
                      if p.is_dir() and not p.name.startswith("."))
     infos = [CheckpointManager.read(p, verify=True) for p in folders]
     assert infos and all(infos), folders
@@ -138,30 +138,41 @@ done
 
 
 def test_elastic_host_killed_then_rejoins(cluster):
+    """Horovod's elastic driver orders the hosts it discovers at random (a set), so rank 0 may be
+    on h1 or h2: the output is on /elastic, writable on every host (README: elastic jobs need an
+    output directory every host can write). The job is launched from h0, a host outside the
+    discovery script (a login node), and the host without rank 0 is killed, so every run follows
+    the same path."""
     cluster.exec("h1", "bash", "-c", f"cat > /shared/discover.sh <<'EOF'\n{DISCOVER}EOF\nchmod +x /shared/discover.sh")
-    # 2,048 samples / 4 ranks / batch 16 = 32 steps per epoch; h2 dies at rank 0's step 8. From
+    cluster.add_host("h0")
+    cluster.wait_ssh("h0")
+    # 2,048 samples / 4 ranks / batch 16 = 32 steps per epoch; a host dies at rank 0's step 8. From
     # step 6 rank 0 sleeps 300 ms a step, so the 2 survivors (64 steps per epoch) still train when
-    # h2 is back (restart, sshd, Horovod's 5-10 s blacklist cool-down).
-    proc = cluster.popen("h1", "horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4", "-p", str(SSH_PORT),
+    # the host is back (restart, sshd, Horovod's 5-10 s blacklist cool-down).
+    proc = cluster.popen("h0", "horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4", "-p", str(SSH_PORT),
                          "--host-discovery-script", "/shared/discover.sh", "--blacklist-cooldown-range", "5", "10",
                          "hvdtrain", "recipe", "image-classification", "--framework", "torch", "--elastic",
-                         "--epochs", "3", "--output", "/shared/runs/elastic", "--data", DATA, "--batch-size", "16",
+                         "--epochs", "3", "--output", "/elastic/runs/elastic", "--data", DATA, "--batch-size", "16",
                          "--set", "data.max_train_samples=2048", "--set", "data.max_val_samples=256",
                          "--set", "train.log_every=4", "--set", "train.elastic_commit_every=2",
                          "--set", "train.stall_timeout_sec=120",
                          env={"HVDTRAIN_FAULT": "slow:rank=0:step=6:ms=300"})
     lines: list[str] = []
     events: dict[str, float] = {}
+    hosts: dict[str, str] = {}
     started = time.monotonic()
 
     def read():
         for line in proc.stdout:
             lines.append(line)
-            if "killed" not in events and re.search(r"epoch 1/3 step (8|12|16)/", line):
-                cluster.run("kill", cluster.container("h2"))
+            found = re.search(r"hvdtrain: workers on (h\d) \(ranks 0-1\), (h\d) \(ranks 2-3\)", line)
+            if found and not hosts:
+                hosts["rank0"], hosts["victim"] = found.groups()
+            if "killed" not in events and hosts and re.search(r"epoch 1/3 step (8|12|16)/", line):
+                cluster.run("kill", cluster.container(hosts["victim"]))
                 events["killed"] = time.monotonic() - started
             elif "killed" in events and "restarted" not in events and "re-formed with 2 worker(s)" in line:
-                cluster.run("start", cluster.container("h2"))
+                cluster.run("start", cluster.container(hosts["victim"]))
                 events["restarted"] = time.monotonic() - started
 
     reader = threading.Thread(target=read, daemon=True)
@@ -177,12 +188,17 @@ def test_elastic_host_killed_then_rejoins(cluster):
     assert proc.returncode == 0, out[-6000:]
     assert "killed" in events and "restarted" in events, (events, out[-6000:])
     assert "re-formed with 2 worker(s)" in out and "re-formed with 4 worker(s)" in out, out[-6000:]
-    rows = metrics(cluster, "elastic")
+    assert f"hvdtrain: workers on {hosts['rank0']} (ranks 0-1)" in out.split("re-formed with 2 worker(s)")[1], \
+        out[-6000:]  # the survivors only, then both hosts again
+    assert out.count("hvdtrain: workers on") >= 2, out[-6000:]  # at the start and after the rejoin
+    rows = metrics(cluster, "elastic", cluster.elastic_volume)
     assert [r["epoch"] for r in rows] == [1, 2, 3], rows
     assert rows[-1]["world_size"] == 4, rows
     assert out.count("hvdtrain: done") == 1
-    assert_consistent_checkpoint(cluster, "elastic", 3)
-    cluster.wait_ssh("h2")
+    assert_consistent_checkpoint(cluster, "elastic", 3, cluster.elastic_volume)
+    cluster.wait_ssh(hosts["victim"])
+    cluster.run("rm", "-f", cluster.container("h0"))
+    del cluster.hosts["h0"]
 
 
 def test_mismatched_and_unreachable_hosts_are_named(cluster):
