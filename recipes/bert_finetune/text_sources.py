@@ -72,7 +72,10 @@ def load_files(paths: list[Path], config, ctx, model_dir: Path,
                           f"{manifest['build_seconds']:.1f} s into the token cache {entry}", flush=True)
             elif ctx.is_main:
                 print(f"bert-finetune: token cache {entry} reused", flush=True)
-    barrier()  # distributed: the other ranks wait here until the cache is built
+    elif not config.text.cache_shared:  # the builder is on this host: sleep on its lock, not in a collective
+        for entry in entries:
+            token_cache.wait_until_built(entry)
+    barrier()  # distributed: every rank continues once the cache is built (immediate for the local waiters)
     return [token_cache.open_entry(entry, record, text.bad_rows) for entry, record in zip(entries, records)]
 
 

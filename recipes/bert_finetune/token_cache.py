@@ -226,6 +226,20 @@ def build(entry: Path, record: dict, text, tokenizer, vocab_size: int) -> bool:
     return True
 
 
+def wait_until_built(entry: Path, poll_seconds: float = 0.5) -> None:
+    """Sleep until another process has built ``entry``: blocked on its lock while the builder holds
+    it, else polling for the manifest. Waiting in a Horovod collective instead would busy-poll a
+    core per waiting rank (measured: 9.5 of 10 CPU-seconds in a Gloo allreduce), taking the cores
+    the builder's tokenizer threads need. A builder that fails stops the job (the launcher ends
+    every rank), so this does not wait for ever."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    while not (entry / MANIFEST).is_file():
+        with _locked(entry.with_name(entry.name + ".lock")):
+            pass
+        if not (entry / MANIFEST).is_file():
+            time.sleep(poll_seconds)
+
+
 def read_manifest(entry: Path) -> dict:
     """The entry's manifest."""
     return json.loads((entry / MANIFEST).read_text())

@@ -265,3 +265,35 @@ def test_hub_name_resolves_from_a_local_hub_cache_offline(monkeypatch, tmp_path)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     path = pretrained._download("hvdtrain/tiny", offline=True)
     assert path == snapshot and (path / "tokenizer.json").is_file()
+
+
+def test_a_waiting_rank_sleeps_until_the_builder_finishes(tmp_path):
+    """The ranks that do not build wait on the builder's lock, then see the whole entry, using
+    almost no CPU (a collective would busy-poll a core each, taking the builder's cores)."""
+    import threading
+    import time
+
+    path = write_csv(tmp_path / "train.csv", [(t, "x", lab) for t, lab in zip(TRAIN.texts[:64], TRAIN.labels)])
+    config = config_for(tmp_path)
+    record = token_cache.key_record(path, model_dir(), config.text.max_length, "sentence", "sentiment", None)
+    entry = tmp_path / "cache" / token_cache.entry_name(record)
+    tokenizer = tokenized.load_tokenizer(model_dir(), config.text.max_length)
+    holding = threading.Event()
+
+    def slow_builder():
+        with token_cache._locked(entry.with_name(entry.name + ".lock")):
+            holding.set()
+            time.sleep(1.5)
+        token_cache.build(entry, record, config.text, tokenizer, tokenizer.get_vocab_size())
+
+    builder = threading.Thread(target=slow_builder)
+    entry.parent.mkdir(parents=True)
+    builder.start()
+    holding.wait()
+    wall, cpu = time.monotonic(), time.thread_time()
+    token_cache.wait_until_built(entry, poll_seconds=0.05)
+    assert (entry / token_cache.MANIFEST).is_file()
+    assert time.monotonic() - wall >= 1.4 and time.thread_time() - cpu < 0.3
+    builder.join()
+    arrays, _ = token_cache.open_entry(entry, record, "error")
+    assert len(arrays) == 64
