@@ -45,3 +45,22 @@ def hvdtrain_cli() -> str:
     """Path of the installed `hvdtrain` console script."""
     exe = BIN / "hvdtrain"
     return str(exe if exe.exists() else shutil.which("hvdtrain"))
+
+
+def run_metrics(out: Path) -> list[dict]:
+    """The records of ``out/metrics.jsonl``, in order."""
+    import json
+
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def checkpoint_weights(checkpoint: Path, framework: str) -> dict:
+    """A checkpoint folder's model weights as NumPy arrays by name (torch ``model.pt`` or Keras ``.npz``)."""
+    import numpy as np
+
+    if framework == "torch":
+        import torch
+
+        return {k: v.numpy() for k, v in torch.load(Path(checkpoint) / "model.pt", weights_only=True).items()}
+    with np.load(Path(checkpoint) / "model_variables.npz") as saved:
+        return {k: saved[k] for k in saved.files if k != "paths"}

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import common  # noqa: F401  (puts the repository on sys.path)
+from timing import TimedAdapter, TimedDataset
 import horovod.torch as hvd
 import hvdtrain
 from hvdtrain.core import sharding
@@ -29,37 +30,6 @@ from hvdtrain.core.registry import get_builder
 
 RECIPE = "image-classification"
 TIMED_RECIPE = "bench-image-timed"
-
-
-class TimedDataset:
-    """Wraps a dataset; records when each batch finished loading (in the prefetch thread)."""
-
-    def __init__(self, inner):
-        self.inner, self.ready = inner, []
-
-    def __len__(self):
-        return len(self.inner)
-
-    def get_batch(self, indices, epoch):
-        batch = self.inner.get_batch(indices, epoch)
-        self.ready.append(time.perf_counter())
-        return batch
-
-
-class TimedAdapter:
-    """Wraps an adapter; records when each training step started and ended."""
-
-    def __init__(self, inner):
-        self.inner, self.starts, self.ends = inner, [], []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def train_step(self, *args, **kwargs):
-        self.starts.append(time.perf_counter())
-        loss = self.inner.train_step(*args, **kwargs)
-        self.ends.append(time.perf_counter())
-        return loss
 
 
 class TimedTrainer(hvdtrain.Trainer):

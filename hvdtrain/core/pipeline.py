@@ -18,9 +18,11 @@ Nothing here imports torch or TensorFlow: the framework pipelines (:mod:`hvdtrai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hvdtrain.core.config import ConfigError
+
+_PROCESS_SETS: dict[tuple[str, tuple[int, ...]], Any] = {}  # added in this process, by (Horovod module, ranks)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,25 @@ class Layout:
             if 1 < len(ranks) < self.world_size and ranks not in out:
                 out.append(ranks)
         return out
+
+    def open_process_sets(self, hvd: Any, rank: int) -> tuple[Any, Any]:
+        """Horovod process sets for ``rank``: (its stage's set, its replica's set).
+
+        ``hvd`` is the framework's Horovod module (``horovod.torch`` or ``horovod.tensorflow``),
+        initialised with ``HOROVOD_DYNAMIC_PROCESS_SETS=1``. Every rank adds every set, in the same
+        order (adding is a collective); a set already added in this process (a second adapter) is
+        reused, since Horovod refuses to add the same ranks twice. A set equal to the whole world is
+        Horovod's global set; a one-rank set is ``None`` (nothing to exchange)."""
+        for ranks in self.process_sets():
+            if (hvd.__name__, tuple(ranks)) not in _PROCESS_SETS:
+                _PROCESS_SETS[hvd.__name__, tuple(ranks)] = hvd.add_process_set(ranks)
+        world = tuple(range(self.world_size))
+
+        def process_set(ranks: list[int]) -> Any:
+            return hvd.global_process_set if tuple(ranks) == world else _PROCESS_SETS.get((hvd.__name__, tuple(ranks)))
+
+        return (process_set(self.stage_ranks(self.stage_of(rank))),
+                process_set(self.replica_ranks(self.replica_of(rank))))
 
 
 def bubble_fraction(stages: int, micro_batches: int) -> float:
@@ -203,6 +224,28 @@ def refusal(config: Any, world_size: int) -> str | None:
                 f"{train.batch_size}; every micro-batch needs at least one sample")
     parse_cut(parallel.cut)
     return None
+
+
+def model_blocks(task: Any, config: Any) -> list[Any]:
+    """The recipe's model as its ordered blocks (``TrainTask.pipeline_blocks()``), or a ConfigError
+    when the recipe does not say how its model splits into stages."""
+    if task.pipeline_blocks is None:
+        raise ConfigError(f"parallel.pipeline_stages={config.parallel.pipeline_stages}: recipe {config.recipe!r} "
+                          f"with model {config.model.name!r} does not say how its model splits into stages "
+                          f"(TrainTask.pipeline_blocks); use parallel.pipeline_stages=1")
+    return list(task.pipeline_blocks())
+
+
+def tensor_owners(bounds: Sequence[int], blocks: Sequence[Any], stages: int,
+                  tensors: Callable[[Any], Any]) -> dict[int, int]:
+    """The stage owning each tensor the blocks hold, by ``id``; ``tensors(block)`` lists a block's
+    tensors (framework variables or parameters). A tensor two blocks share belongs to the earlier stage."""
+    owner: dict[int, int] = {}
+    for s in range(stages):
+        for b in stage_blocks(bounds, len(blocks), s):
+            for t in tensors(blocks[b]):
+                owner.setdefault(id(t), s)
+    return owner
 
 
 def check(config: Any, world_size: int) -> Layout:

@@ -31,7 +31,6 @@ from hvdtrain.core.config import ConfigError
 from hvdtrain.tensorflow.adapter import (MODEL_FILE, OPTIMIZER_FILE, TensorFlowAdapter, _as_tensor, _load_variables,
                                          _save_variables, tf_variables)
 
-_PROCESS_SETS: dict[tuple[int, ...], Any] = {}  # Horovod refuses to add the same ranks twice
 
 
 def functional_blocks(model: keras.Model, boundaries: list[Any]) -> list[keras.Model]:
@@ -76,16 +75,7 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
         self.layout = pipeline.check(config, hvd.size())
         rank = hvd.rank()
         self.stage, self.replica = self.layout.stage_of(rank), self.layout.replica_of(rank)
-        for ranks in self.layout.process_sets():  # every rank adds every set, in the same order
-            if tuple(ranks) not in _PROCESS_SETS:  # (a second adapter in the same process reuses them)
-                _PROCESS_SETS[tuple(ranks)] = hvd.add_process_set(ranks)  # distributed
-        world = tuple(range(hvd.size()))
-
-        def process_set(ranks: list[int]) -> Any:
-            return hvd.global_process_set if tuple(ranks) == world else _PROCESS_SETS.get(tuple(ranks))
-
-        self.stage_set = process_set(self.layout.stage_ranks(self.stage))
-        self.replica_set = process_set(self.layout.replica_ranks(self.replica))
+        self.stage_set, self.replica_set = self.layout.open_process_sets(hvd, rank)  # None: a single replica
         self.ctx = DistContext(rank, hvd.size(), hvd.local_rank(), hvd.local_size(),
                                replica=self.replica, replicas=self.layout.replicas)
         return self.ctx
@@ -95,22 +85,14 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
 
     def prepare(self, task: Any, config: Any) -> None:
         stages = self.layout.stages
-        if task.pipeline_blocks is None:
-            raise ConfigError(f"parallel.pipeline_stages={stages}: recipe {config.recipe!r} with model "
-                              f"{config.model.name!r} does not say how its model splits into stages "
-                              f"(TrainTask.pipeline_blocks); use parallel.pipeline_stages=1")
         self.task, self.model, self.optimizer = task, task.model, task.optimizer
         if not self.model.built:
             sample, _ = task.train_data.get_batch(np.arange(1), 0)
             self.model(_as_tensor(sample), training=False)
-        blocks = list(task.pipeline_blocks())
+        blocks = pipeline.model_blocks(task, config)
         costs = [sum(int(np.prod(v.shape)) for v in b.trainable_variables) for b in blocks]
         self.bounds = pipeline.resolve_cut(config.parallel.cut, costs, stages)
-        owner: dict[int, int] = {}
-        for s in range(stages):
-            for b in pipeline.stage_blocks(self.bounds, len(blocks), s):
-                for v in blocks[b].variables:
-                    owner.setdefault(id(v), s)
+        owner = pipeline.tensor_owners(self.bounds, blocks, stages, lambda block: block.variables)
         self.variable_stage = [owner.get(id(v), 0) for v in self.model.variables]  # un-owned: stage 0
         self.own_variables = [v for v, s in zip(self.model.variables, self.variable_stage) if s == self.stage]
         self.trainable = [v for v in self.model.trainable_variables if owner.get(id(v), 0) == self.stage]

@@ -30,11 +30,9 @@ import torch
 
 from hvdtrain.core import pipeline
 from hvdtrain.core.adapter import DistContext, NonFiniteGradientError
-from hvdtrain.core.config import ConfigError
 from hvdtrain.torch.adapter import MODEL_FILE, OPTIMIZER_FILE, TorchAdapter
 
 TRANSFER_DTYPE = torch.float32
-_PROCESS_SETS: dict[tuple[int, ...], Any] = {}  # Horovod refuses to add the same ranks twice
 
 
 def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -86,16 +84,7 @@ class TorchPipelineAdapter(TorchAdapter):
         self.layout = pipeline.check(config, hvd.size())  # refusals, before anything is built
         rank = hvd.rank()
         self.stage, self.replica = self.layout.stage_of(rank), self.layout.replica_of(rank)
-        for ranks in self.layout.process_sets():  # every rank adds every set, in the same order
-            if tuple(ranks) not in _PROCESS_SETS:  # (a second adapter in the same process reuses them)
-                _PROCESS_SETS[tuple(ranks)] = hvd.add_process_set(ranks)  # distributed
-        world = tuple(range(hvd.size()))
-
-        def process_set(ranks: list[int]) -> Any:
-            return hvd.global_process_set if tuple(ranks) == world else _PROCESS_SETS.get(tuple(ranks))
-
-        self.stage_set = process_set(self.layout.stage_ranks(self.stage))  # None: a single replica
-        self.replica_set = process_set(self.layout.replica_ranks(self.replica))
+        self.stage_set, self.replica_set = self.layout.open_process_sets(hvd, rank)  # None: a single replica
         self.ctx = DistContext(rank, hvd.size(), hvd.local_rank(), hvd.local_size(),
                                replica=self.replica, replicas=self.layout.replicas)
         return self.ctx
@@ -107,19 +96,12 @@ class TorchPipelineAdapter(TorchAdapter):
 
     def prepare(self, task: Any, config: Any) -> None:
         stages = self.layout.stages
-        if task.pipeline_blocks is None:
-            raise ConfigError(f"parallel.pipeline_stages={stages}: recipe {config.recipe!r} with model "
-                              f"{config.model.name!r} does not say how its model splits into stages "
-                              f"(TrainTask.pipeline_blocks); use parallel.pipeline_stages=1")
         self.task, self.model = task, task.model
-        blocks = list(task.pipeline_blocks())
+        blocks = pipeline.model_blocks(task, config)
         costs = [sum(p.numel() for p in b.parameters()) for b in blocks]
         self.bounds = pipeline.resolve_cut(config.parallel.cut, costs, stages)
-        owner: dict[int, int] = {}
-        for s in range(stages):
-            for b in pipeline.stage_blocks(self.bounds, len(blocks), s):
-                for t in blocks[b].state_dict(keep_vars=True).values():
-                    owner.setdefault(id(t), s)
+        owner = pipeline.tensor_owners(self.bounds, blocks, stages,
+                                       lambda block: block.state_dict(keep_vars=True).values())
         full_state = self.model.state_dict(keep_vars=True)
         param_names = {id(p): n for n, p in self.model.named_parameters()}
         missing = [n for n, p in self.model.named_parameters() if id(p) not in owner]

@@ -4,12 +4,11 @@ uninterrupted run, because the checkpoint keeps every rank's error-feedback buff
 matrices, the step counters and, between local-SGD averagings, each rank's own replica. A resume
 on a different world size starts that state afresh and says so."""
 
-import json
 
 import numpy as np
 import pytest
 
-from jobs import horovodrun, hvdtrain_cli, run
+from jobs import checkpoint_weights, horovodrun, hvdtrain_cli, run, run_metrics as metrics
 
 # 512 samples / 2 ranks / batch 32 = 8 optimizer steps per epoch; checkpoints every 3 steps.
 RUN = ["--epochs", "2", "--batch-size", "32", "--set", "data.max_train_samples=512",
@@ -30,17 +29,7 @@ def command(framework, out, option, *extra):
 
 
 def final_weights(out, framework):
-    path = out / "checkpoints" / "epoch-0002"
-    if framework == "torch":
-        import torch
-
-        return {k: v.numpy() for k, v in torch.load(path / "model.pt", weights_only=True).items()}
-    with np.load(path / "model_variables.npz") as saved:
-        return {k: saved[k] for k in saved.files if k != "paths"}
-
-
-def metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return checkpoint_weights(out / "checkpoints" / "epoch-0002", framework)
 
 
 @pytest.mark.distributed

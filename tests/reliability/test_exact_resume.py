@@ -2,13 +2,12 @@
 `--resume` ends with weights and metrics bitwise equal to an uninterrupted run (same world size),
 for torch and TensorFlow on CPU."""
 
-import json
 import time
 
 import numpy as np
 import pytest
 
-from jobs import horovodrun, hvdtrain_cli
+from jobs import checkpoint_weights, horovodrun, hvdtrain_cli, run_metrics as metrics
 
 # 1,024 samples / 2 ranks / batch 32 = 16 steps per epoch; checkpoints every 4 optimizer steps.
 RUN = ["--epochs", "2", "--batch-size", "32", "--set", "data.max_train_samples=1024",
@@ -22,17 +21,7 @@ def command(framework, out, *extra):
 
 
 def final_weights(out, framework):
-    path = out / "checkpoints" / "epoch-0002"
-    if framework == "torch":
-        import torch
-
-        return {k: v.numpy() for k, v in torch.load(path / "model.pt", weights_only=True).items()}
-    with np.load(path / "model_variables.npz") as saved:
-        return {k: saved[k] for k in saved.files if k != "paths"}
-
-
-def metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return checkpoint_weights(out / "checkpoints" / "epoch-0002", framework)
 
 
 @pytest.mark.distributed

@@ -4,25 +4,11 @@ report every rank's parameter fingerprint and the final metrics.
     horovodrun -np 2 -H localhost:2 --mpi python comm_options.py REPORT.json FRAMEWORK KEY=VALUE ...
 """
 
-import hashlib
 import json
 import sys
 
-import numpy as np
-
 import hvdtrain
-
-
-def fingerprint(adapter, framework):
-    """SHA-256 of every trainable parameter's bytes, in model order."""
-    digest = hashlib.sha256()
-    if framework == "torch":
-        arrays = [p.detach().cpu().numpy() for p in adapter.model.parameters()]
-    else:
-        arrays = [np.asarray(v.numpy()) for v in adapter.model.trainable_variables]
-    for array in arrays:
-        digest.update(np.ascontiguousarray(array).tobytes())
-    return digest.hexdigest()
+from fingerprints import fingerprint
 
 
 def main():

@@ -6,26 +6,12 @@ averaging with local SGD). Writes the history and the counts to REPORT.json on r
     horovodrun -np 2 -H localhost:2 --gloo python compression_train.py REPORT.json FRAMEWORK KEY=VALUE ...
 """
 
-import hashlib
 import json
 import sys
 
-import numpy as np
-
 import hvdtrain
+from fingerprints import fingerprint
 from hvdtrain.core.callbacks import Callback
-
-
-def fingerprint(adapter, framework):
-    """SHA-256 of every trainable parameter's bytes, in model order."""
-    digest = hashlib.sha256()
-    if framework == "torch":
-        arrays = [p.detach().cpu().numpy() for p in adapter.model.parameters()]
-    else:
-        arrays = [np.asarray(v.numpy()) for v in adapter.model.trainable_variables]
-    for array in arrays:
-        digest.update(np.ascontiguousarray(array).tobytes())
-    return digest.hexdigest()
 
 
 def in_sync(adapter, framework):
