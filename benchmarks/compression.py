@@ -1,6 +1,6 @@
 """Gradient compression and local SGD: bytes on the wire and accuracy next to the uncompressed run,
-both frameworks. Writes benchmarks/compression_results.json and benchmarks/compression.md (appended
-to BENCHMARKS.md by benchmarks/report.py).
+both frameworks. Writes benchmarks/compression_results.json and benchmarks/sections/compression.md (one of
+BENCHMARKS.md's sections, which benchmarks/report.py re-renders).
 
     .venv/bin/python benchmarks/compression.py bytes      # socket bytes per step, small_cnn and resnet18 (~8 min)
     .venv/bin/python benchmarks/compression.py accuracy   # the MNIST demo config, 2 ranks (~3 min per epoch and run)
@@ -34,7 +34,7 @@ import report  # noqa: E402
 from run import BIN, launch, machine  # noqa: E402
 
 OUT = HERE / "compression_results.json"
-MARKDOWN = HERE / "compression.md"
+MARKDOWN = HERE / "sections" / "compression.md"
 BYTES_SETTINGS = {
     "none": [],
     "powersgd-r4": ["comm.compression=powersgd", "comm.powersgd_rank=4"],
@@ -213,9 +213,7 @@ def main() -> None:
         OUT.write_text(json.dumps(results, indent=1))
         print(f"raw outputs and job log: {raw}")
     MARKDOWN.write_text(render(results))
-    benchmarks_md = REPO / "BENCHMARKS.md"  # the rest of it stays as benchmarks/run.py wrote it
-    text = benchmarks_md.read_text().split("\n" + report.COMPRESSION_MARKER)[0].rstrip("\n") + "\n"
-    benchmarks_md.write_text(text + "\n" + report.COMPRESSION_MARKER + "\n" + MARKDOWN.read_text())
+    report.write(json.loads((HERE / "results.json").read_text()), REPO / "BENCHMARKS.md", HERE / "benchmarks.png")
     print(f"wrote {MARKDOWN} and BENCHMARKS.md")
 
 

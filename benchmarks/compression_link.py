@@ -12,7 +12,7 @@ setting and removed afterwards, also on failure. Addresses: 10.213.0.1/2 on the 
 For each rate, every setting trains the image recipe (torch, small_cnn, MNIST subset, a few epochs,
 validation after each); the time to accuracy of a setting is the training time (sum of epoch
 times) until its validation accuracy first reaches the uncompressed run's final accuracy at the
-same rate. Results go to benchmarks/compression_results.json ("link") and compression.md.
+same rate. Results go to benchmarks/compression_results.json ("link") and benchmarks/sections/compression.md.
 """
 
 from __future__ import annotations

@@ -102,7 +102,9 @@ def kept_date(results: dict) -> str:
     return ", ".join(sorted({r.get("date", "?") for r in results.get("rows", []) if r.get("item") in kept}))
 
 
-COMPRESSION_MARKER = "<!-- benchmarks/compression.md -->"
+# BENCHMARKS.md after the suite's table and NOTES.md: one section per feature, in this order, each
+# written by hand or by its own benchmark script (compression.md: benchmarks/compression.py)
+SECTIONS = ("image_pipeline.md", "compression.md", "text_cache.md", "pipeline_stages.md")
 
 
 def write(results: dict, markdown: Path, png: Path) -> None:
@@ -129,9 +131,10 @@ def write(results: dict, markdown: Path, png: Path) -> None:
     notes = HERE / "NOTES.md"
     if notes.is_file():
         text += "\n" + notes.read_text()
-    compression = HERE / "compression.md"  # written by benchmarks/compression.py
-    if compression.is_file():
-        text += "\n" + COMPRESSION_MARKER + "\n" + compression.read_text()
+    for name in SECTIONS:
+        section = HERE / "sections" / name
+        if section.is_file():
+            text += "\n" + section.read_text()
     markdown.write_text(text)
     plot(results, png)
 

@@ -5,13 +5,15 @@ pair, a shared volume), launched from h1 over SSH.
   ``--mpi`` (the same command line run by workers/cli_ranks.py, which then compares every rank's
   parameters), both frameworks;
 * ``hvdtrain.run(..., np=4, hosts="h1:2,h2:2", ssh_port=2222)`` from Python;
-* elastic: a host-discovery script over the containers, ``docker kill h2`` mid-epoch, the
-  survivors continue, h2 is started again and rejoins, the run finishes all epochs;
+* elastic: a host-discovery script over h1 and h2, launched from a third container h0 outside
+  it (Horovod may put rank 0 on either host), ``docker kill`` of the host without rank 0
+  mid-epoch, the survivors continue, the host is started again and rejoins, the run finishes all
+  epochs (its output on a volume every host mounts writable);
 * ``hvdtrain env --hosts`` on every host; a host with another hvdtrain version named before
   training; a host that does not answer SSH named in an error instead of a hang.
 
-Only h1 (rank 0's host) mounts the shared volume writable, so a write from another host fails
-the job. Needs Docker (started, or installed with apt-get as root): under CI=true a missing
+In the fixed-host cases only h1 (rank 0's host) mounts the shared volume writable, so a write
+from another host fails the job. Needs Docker (started, or installed with apt-get as root): under CI=true a missing
 capability fails; elsewhere the module skips with the reason. The image is built once by
 scripts/docker-build.sh (the cached Horovod wheel reused); containers, network and volume are
 removed at the end, the image is kept.
