@@ -40,7 +40,10 @@ WARMUP, STEPS = 12, 6
 
 
 def ddp_model(model: torch.nn.Module, rank: int, start: int, min_rate: float) -> DistributedDataParallel:
-    ddp = DistributedDataParallel(model)  # distributed
+    # One bucket (small_cnn is 8.5 MB): with several, the hook chains each bucket's collectives from
+    # Gloo's completion callbacks, whose order differs across ranks (a Gloo size mismatch, measured);
+    # one bucket is also how hvdtrain sends its P's and Q's, one grouped allreduce each.
+    ddp = DistributedDataParallel(model, bucket_cap_mb=64)  # distributed
     state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=start,
                                min_compression_rate=min_rate, orthogonalization_epsilon=1e-8)
     ddp.register_comm_hook(state, psgd.powerSGD_hook)

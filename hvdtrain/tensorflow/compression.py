@@ -92,7 +92,9 @@ class CommExchange:
             _, loss = adapter._loss(inputs, targets, training=True)
             scaled = adapter._scale_loss(loss, weight)
         variables = tf_variables(adapter.trainable)
-        local = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
+        # an embedding's gradient is IndexedSlices, whose dense form has no static shape: give every
+        # gradient its variable's, which PowerSGD's matrices and top-k's sizes are built from
+        local = [tf.ensure_shape(tf.convert_to_tensor(g), v.shape) if g is not None else tf.zeros_like(v)
                  for g, v in zip(tape.gradient(scaled, variables), variables)]
         if adapter.accumulators:
             local = [a + g for a, g in zip(adapter.accumulators, local)]
