@@ -85,8 +85,7 @@ def measure_accuracy(raw: Path, log: Path, frameworks: list[str], settings: list
             sets = [x for o in ACCURACY_SETTINGS[name] for x in ("--set", o)]
             command = ["hvdtrain", "recipe", "image-classification", "--framework", framework, "--output", out,
                        *(["--epochs", epochs] if epochs else []), "--set", "train.tensorboard=false", *sets]
-            shown = "horovodrun -np 2 -H localhost:2 --gloo " + " ".join(str(c) for c in command[:4]) + " " + \
-                " ".join(str(c) for c in command[6:] if c != "--set" or True)
+            shown = "horovodrun -np 2 -H localhost:2 --gloo " + " ".join(str(c) for c in command[:5] + command[7:])
             jobs.append((framework, name, out, [str(c) for c in hvdrun(*command)], shown))
     if parallel:
         procs = [subprocess.Popen(cmd, stdout=open(out.with_suffix(".log"), "w"), stderr=subprocess.STDOUT,
