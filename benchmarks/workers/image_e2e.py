@@ -8,8 +8,8 @@ for a batch that was not ready yet, over the steady window; (b) with ``--framewo
 the hand-written loop of benchmarks/horovod_tf_loop.py trains the same model on the same batches
 (decoded once by the pipeline, held in memory), samples/s per rank side by side.
 
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/workers/image_e2e.py /tmp/photos OUT.json \\
-        --framework torch --size 112 --rounds 3
+    PYTHONPATH=.:benchmarks horovodrun -np 2 -H localhost:2 --gloo python benchmarks/workers/image_e2e.py \\
+        /tmp/photos OUT.json --framework torch --size 112 --rounds 3
 """
 
 from __future__ import annotations
