@@ -119,6 +119,7 @@ def main() -> None:
         launch_in_namespaces(Path(out), TRAIN + SETTINGS[setting], Path(out).with_suffix(".log"))
         return
     raw = Path(args.keep or tempfile.mkdtemp(prefix="hvdtrain-link-"))
+    raw.mkdir(parents=True, exist_ok=True)
     rows = []
     try:
         for rate in args.rates.split(","):
