@@ -6,7 +6,8 @@ Per round, under horovodrun: (a) hvdtrain trains the image recipe (ResNet-18 at 
 batch was ready and when each step started and ended; the data-wait share is the time steps waited
 for a batch that was not ready yet, over the steady window; (b) with ``--framework tensorflow``,
 the hand-written loop of benchmarks/horovod_tf_loop.py trains the same model on the same batches
-(decoded once by the pipeline, held in memory), samples/s per rank side by side.
+(decoded once by the pipeline, held in memory), samples/s per rank side by side, and so does
+hvdtrain's own step on those batches (``hvdtrain_memory_rate``: the step without the pipeline).
 
     PYTHONPATH=.:benchmarks horovodrun -np 2 -H localhost:2 --gloo python benchmarks/workers/image_e2e.py \\
         /tmp/photos OUT.json --framework torch --size 112 --rounds 3
@@ -68,6 +69,16 @@ def hvdtrain_round(args, tmp: str, r: int, datasets: list) -> dict:
             "between_steps_share": sum(gaps) / window, "steps": len(ends)}, adapter
 
 
+def in_memory_rate(adapter, batches: list, steps: int, batch: int) -> float:
+    """samples/s per rank of hvdtrain's own step (the trained adapter) on decoded uint8 batches held in
+    memory: the step without the data pipeline beside it."""
+    ends = []
+    for x, y in itertools.islice(itertools.cycle(batches), steps):
+        adapter.train_step(x, y, apply_update=True, weight=1.0)
+        ends.append(time.perf_counter())
+    return common.steady_rate(ends, batch)
+
+
 def handwritten_tf_rate(args, batches: list) -> float:
     """samples/s per rank of benchmarks/horovod_tf_loop.py's step on pre-decoded float batches."""
     import horovod.tensorflow as hvd
@@ -122,9 +133,9 @@ def main() -> None:
                 from hvdtrain.data.normalize import normalize_numpy
 
                 data = datasets[-1].train_data.inner
-                batches = [(normalize_numpy(x), y) for x, y in (data.get_batch(np.arange(i * args.batch,
-                                                                                           (i + 1) * args.batch), 0)
-                                                                 for i in range(4))]
+                raw = [data.get_batch(np.arange(i * args.batch, (i + 1) * args.batch), 0) for i in range(4)]
+                record["hvdtrain_memory_rate"] = in_memory_rate(adapter.inner, raw, args.steps, args.batch)
+                batches = [(normalize_numpy(x), y) for x, y in raw]
                 record["handwritten_rate"] = handwritten_tf_rate(args, batches)
             per_rank = adapter.allgather_object(record)  # distributed
             if adapter.context().rank == 0:
