@@ -178,14 +178,17 @@ def main() -> None:
     for ds in scaled.values():
         ds.get_batch(batch_list[0], 0)
     worker_rates: dict[int, list[float]] = {1: [], 2: []}
+    loop_cores: dict[int, list[float]] = {1: [], 2: []}  # CPU the trainer's own loop takes, in cores
     for r in range(args.rounds):
         for n in ((1, 2) if r % 2 == 0 else (2, 1)):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             for b in batch_list:
                 scaled[n].get_batch(b, r)
-            worker_rates[n].append(64 * len(batch_list) / (time.perf_counter() - started))
-        print(f"workers round {r + 1}: 1 worker {worker_rates[1][-1]:.0f}/s, 2 workers {worker_rates[2][-1]:.0f}/s",
-              flush=True)
+            wall = time.perf_counter() - started
+            worker_rates[n].append(64 * len(batch_list) / wall)
+            loop_cores[n].append((time.process_time() - cpu_started) / wall)
+        print(f"workers round {r + 1}: 1 worker {worker_rates[1][-1]:.0f}/s, 2 workers {worker_rates[2][-1]:.0f}/s "
+              f"(the loop itself: {loop_cores[1][-1]:.2f} / {loop_cores[2][-1]:.2f} cores)", flush=True)
     for pool in pools.values():
         pool.close()
 
@@ -199,7 +202,7 @@ def main() -> None:
         "ratio_vs_best_reference": statistics.median(rates["hvdtrain"][r] / best_other[r] for r in range(args.rounds)),
         "ratio_vs_best_reference_cpu": statistics.median(cpu_rates["hvdtrain"][r] / best_cpu[r]
                                                          for r in range(args.rounds)),
-        "worker_rates": worker_rates,
+        "worker_rates": worker_rates, "loop_cores": loop_cores,
         "two_vs_one_workers": statistics.median(worker_rates[2][r] / worker_rates[1][r] for r in range(args.rounds)),
         "cpu_count": os.cpu_count(),
     }
