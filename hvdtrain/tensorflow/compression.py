@@ -15,7 +15,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.core.compression import CommPlan, averaging_due, comm_plan, compressible, effective_rank, \
+from hvdtrain.core.compression import CommPlan, comm_plan, compressible, effective_rank, \
     initial_q, matrix_shape, topk_count
 
 EPSILON = 1e-8  # keeps Gram-Schmidt finite on an all-zero column

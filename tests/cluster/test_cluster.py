@@ -26,7 +26,6 @@ import os
 import re
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
