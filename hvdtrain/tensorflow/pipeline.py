@@ -32,7 +32,6 @@ from hvdtrain.tensorflow.adapter import (MODEL_FILE, OPTIMIZER_FILE, TensorFlowA
                                          _save_variables, tf_variables)
 
 
-
 def functional_blocks(model: keras.Model, boundaries: list[Any]) -> list[keras.Model]:
     """``model`` (functional or Sequential, built) cut at the outputs of the ``boundaries`` layers
     into consecutive sub-models sharing its layers; every path from the input to the output must

@@ -13,8 +13,8 @@ pair, a shared volume), launched from h1 over SSH.
   training; a host that does not answer SSH named in an error instead of a hang.
 
 In the fixed-host cases only h1 (rank 0's host) mounts the shared volume writable, so a write
-from another host fails the job. Needs Docker (started, or installed with apt-get as root): under CI=true a missing
-capability fails; elsewhere the module skips with the reason. The image is built once by
+from another host fails the job. Needs Docker (started, or installed with apt-get as root): under
+CI=true a missing capability fails; elsewhere the module skips with the reason. The image is built once by
 scripts/docker-build.sh (the cached Horovod wheel reused); containers, network and volume are
 removed at the end, the image is kept.
 """

@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pytest
 
-from jobs import REPO, horovodrun, hvdtrain_cli
+from jobs import REPO, checkpoint_weights, horovodrun, hvdtrain_cli, run_metrics as metrics
 
 WORKERS = REPO / "tests" / "distributed" / "workers"
 PIPE = ["--set", "parallel.pipeline_stages=2", "--set", "parallel.micro_batches=2"]
@@ -26,16 +26,6 @@ TINY = ["--batch-size", "32", "--set", "data.max_train_samples=512", "--set", "d
 
 def recipe(out, *extra):
     return [hvdtrain_cli(), "recipe", "image-classification", "--framework", "torch", "--output", out, *TINY, *extra]
-
-
-def metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def weights(path):
-    import torch
-
-    return {k: v.numpy() for k, v in torch.load(path / "model.pt", weights_only=True).items()}
 
 
 @pytest.mark.distributed
@@ -67,7 +57,7 @@ def test_checkpoints_round_trip_between_pipelined_and_data_parallel_runs(tmp_pat
     assert "hvdtrain: done" in first.stdout
     row = metrics(out)[0]
     assert row["world_size"] == 4 and 0.0 <= row["val_accuracy"] <= 1.0, row
-    pipelined = weights(out / "checkpoints" / "epoch-0001")
+    pipelined = checkpoint_weights(out / "checkpoints" / "epoch-0001", "torch")
     assert pipelined.keys() == {"features.0.weight", "features.0.bias", "features.2.weight", "features.2.bias",
                                 "classifier.0.weight", "classifier.0.bias", "classifier.3.weight",
                                 "classifier.3.bias"}
@@ -93,7 +83,7 @@ def test_kill_and_resume_at_the_same_layout_is_bitwise_equal(tmp_path):
     assert "step-00000009" in names and "epoch-0002" not in names, names
     resumed = horovodrun(recipe(killed, *run, "--resume"), np=4)
     assert "step-00000009" in resumed.stdout and "after" in resumed.stdout
-    a, b = weights(straight / "checkpoints" / "epoch-0002"), weights(killed / "checkpoints" / "epoch-0002")
+    a, b = (checkpoint_weights(run / "checkpoints" / "epoch-0002", "torch") for run in (straight, killed))
     assert a.keys() == b.keys()
     for key in a:
         assert np.array_equal(a[key], b[key]), f"{key} differs after resume"

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from jobs import REPO, horovodrun, hvdtrain_cli, run
+from jobs import REPO, checkpoint_weights as weights, horovodrun, hvdtrain_cli, run, run_metrics as rows
 
 EVAL = REPO / "tests" / "distributed" / "workers" / "eval_checkpoint.py"
 # 256 samples / 2 ranks / batch 16 = 8 steps per epoch; checkpoints every 4 steps; the kill at
@@ -23,19 +23,6 @@ RUN = ["--set", "model.name=resnet18", "--set", "data.image_size=8", "--epochs",
 
 def command(framework, out, *extra):
     return [hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--output", out, *RUN, *extra]
-
-
-def weights(path, framework):
-    if framework == "torch":
-        import torch
-
-        return {k: v.numpy() for k, v in torch.load(path / "model.pt", weights_only=True).items()}
-    with np.load(path / "model_variables.npz") as saved:
-        return {k: saved[k] for k in saved.files if k != "paths"}
-
-
-def rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.distributed
