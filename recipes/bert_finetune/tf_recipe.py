@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import hvdtrain
 from hvdtrain.tensorflow import build_optimizer
-from recipes.bert_finetune import common, export, pretrained
+from recipes.bert_finetune import common, export, pretrained, tf_stages
 from recipes.bert_finetune.tokenized import KERAS_HUB_INPUTS
 
 NO_DECAY = ["bias", "gamma", "beta"]  # Keras variable names of biases and LayerNorm scales/offsets
@@ -38,13 +38,19 @@ def check_supported(model_config: dict, model_dir: Path) -> None:
 
 def load_model(model_dir: Path, model_config: dict, labels: list[str], seed: int) -> keras.Model:
     """BertTextClassifier from ``model_dir`` (no preprocessor: it takes token ids) with the same
-    fresh head the torch model gets (:func:`recipes.bert_finetune.pretrained.head_weights`)."""
+    fresh head the torch model gets (:func:`recipes.bert_finetune.pretrained.head_weights`) and the
+    checkpoint's dropout (``hidden_dropout_prob``, ``classifier_dropout``) as in torch; keras-hub
+    uses one rate for hidden and attention dropout."""
     import keras_hub
 
     check_supported(model_config, model_dir)
-    model = keras_hub.models.BertTextClassifier.from_preset(
-        str(model_dir), num_classes=len(labels), preprocessor=None,
-        dropout=model_config.get("classifier_dropout") or model_config.get("hidden_dropout_prob", 0.1))
+    hidden_dropout = model_config.get("hidden_dropout_prob", 0.1)
+    # keras-hub's converter drops the checkpoint's dropout (its backbone defaults to 0.1): pass it on
+    backbone = keras_hub.models.BertBackbone.from_preset(str(model_dir), dropout=hidden_dropout)
+    classifier_dropout = model_config.get("classifier_dropout")
+    model = keras_hub.models.BertTextClassifier(
+        backbone=backbone, num_classes=len(labels), preprocessor=None,
+        dropout=hidden_dropout if classifier_dropout is None else classifier_dropout)
     head = model.get_layer("logits")
     kernel, bias = pretrained.head_weights(head.kernel.shape[0], len(labels), seed,
                                            model_config.get("initializer_range", 0.02))
@@ -96,5 +102,6 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         metric_sums=metric_sums,
         finalize_metrics=common.finalize_metrics,
         export=export_model,
+        pipeline_blocks=lambda: tf_stages.pipeline_blocks(model),  # parallel.pipeline_stages > 1
         info={"model_dir": str(data.model_dir), "labels": data.labels},
     )

@@ -117,3 +117,20 @@ def test_no_weight_decay_on_biases_and_layer_norm(tiny_dir):
     expected = {v.path for v in keras_model.trainable_variables if v.name in ("bias", "gamma", "beta")}
     assert undecayed == expected and any("layer_norm" in p for p in expected) and len(expected) < len(
         keras_model.trainable_variables)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.25])
+def test_keras_model_takes_the_checkpoints_dropout(tmp_path, sentences, rate):
+    """Both frameworks drop out at the checkpoint's ``hidden_dropout_prob`` (keras-hub's converter
+    alone would use 0.1 whatever the checkpoint says)."""
+    import keras
+
+    from recipes.bert_finetune import pretrained, tf_recipe, torch_recipe
+
+    model_dir = make_tiny_bert(tmp_path / "tiny", sentences[0], dropout=rate)
+    keras_model = tf_recipe.load_model(model_dir, pretrained.read_model_config(model_dir), LABELS, 0)
+    keras_rates = {layer.rate for layer in keras_model._flatten_layers() if isinstance(layer, keras.layers.Dropout)}
+    torch_model = torch_recipe.load_model(model_dir, LABELS, 0)
+    torch_rates = {m.p for m in torch_model.modules() if type(m).__name__ == "Dropout"}
+    assert keras_rates == torch_rates == {rate}
+    assert {layer.dropout for layer in keras_model.backbone.transformer_layers} == {rate}

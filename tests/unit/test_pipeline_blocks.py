@@ -72,3 +72,26 @@ def test_keras_image_blocks_compose_to_the_model(name):
         y = block(y, training=False)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(model(x, training=False)))
     assert {id(v) for b in blocks for v in b.trainable_variables} == {id(v) for v in model.trainable_variables}
+
+
+def test_keras_bert_blocks_compose_to_the_model(tmp_path):
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("keras_hub")
+    pytest.importorskip("transformers")
+    from bert_tiny_model import make_tiny_bert, movie_sentences
+
+    from recipes.bert_finetune import pretrained, tf_recipe, tf_stages
+
+    train, _ = movie_sentences(200, 10)
+    model_dir = make_tiny_bert(tmp_path / "tiny", list(train.texts))
+    model = tf_recipe.load_model(model_dir, pretrained.read_model_config(model_dir), ["neg", "pos"], 0)
+    inputs = {"token_ids": np.array([[2, 7, 9, 11, 3, 0, 0], [2, 8, 5, 6, 12, 13, 3]], dtype="int32"),
+              "padding_mask": np.array([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1]], dtype="int32"),
+              "segment_ids": np.zeros((2, 7), dtype="int32")}
+    y = inputs
+    blocks = tf_stages.pipeline_blocks(model)
+    for block in blocks:
+        y = block([y, inputs], training=False) if getattr(block, "needs_inputs", False) else block(y, training=False)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(model(inputs, training=False)), atol=1e-6, rtol=0)
+    assert {id(v) for b in blocks for v in b.trainable_variables} == {id(v) for v in model.trainable_variables}
+    assert len(blocks) == 1 + len(model.backbone.transformer_layers) + 1

@@ -34,8 +34,10 @@ def train_tokenizer(texts: list[str], path: Path, vocab_size: int = 600) -> int:
     return tokenizer.get_vocab_size()
 
 
-def make_tiny_bert(directory: Path, texts: list[str], hidden_act: str = "gelu_pytorch_tanh", seed: int = 0) -> Path:
-    """Write ``directory`` with config.json, model.safetensors and tokenizer.json of a 2-layer BERT."""
+def make_tiny_bert(directory: Path, texts: list[str], hidden_act: str = "gelu_pytorch_tanh", seed: int = 0,
+                   dropout: float = 0.1) -> Path:
+    """Write ``directory`` with config.json, model.safetensors and tokenizer.json of a 2-layer BERT
+    (``dropout``: its hidden and attention dropout)."""
     import torch
     import transformers
 
@@ -43,7 +45,8 @@ def make_tiny_bert(directory: Path, texts: list[str], hidden_act: str = "gelu_py
     directory.mkdir(parents=True, exist_ok=True)
     vocab_size = train_tokenizer(texts, directory / "tokenizer.json")
     config = transformers.BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64, hidden_act=hidden_act)
+                                     intermediate_size=64, max_position_embeddings=64, hidden_act=hidden_act,
+                                     hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     torch.manual_seed(seed)
     transformers.BertModel(config).save_pretrained(directory)
     return directory
