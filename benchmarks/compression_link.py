@@ -21,6 +21,8 @@ import argparse
 import datetime
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,10 +52,19 @@ def sh(*cmd: str) -> None:
 
 
 def setup(rate: str) -> None:
-    """Two namespaces, a veth pair between them, both ends shaped to ``rate`` (e.g. 100mbit)."""
+    """Two namespaces, a veth pair between them, both ends shaped to ``rate`` (e.g. 100mbit).
+
+    Inside each namespace this machine's hostname resolves to that namespace's veth address
+    (``ip netns exec`` mounts ``/etc/netns/NS/hosts`` over ``/etc/hosts``): Horovod 0.28 builds
+    its process-set Gloo contexts, the global one included, on the address of the hostname and
+    not on ``HOROVOD_GLOO_IFACE`` (``GlooContext::InitializeForProcessSet`` reads an iface it
+    never set), and here the hostname resolves to 127.0.0.1."""
     teardown()
-    for ns in NS:
+    for ns, addr in zip(NS, ADDR):
         sh("ip", "netns", "add", ns)
+        etc = Path("/etc/netns") / ns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(f"127.0.0.1 localhost\n{addr} {socket.gethostname()}\n")
         sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
     sh("ip", "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1])
     bits = float(rate.lower().replace("gbit", "e9").replace("mbit", "e6"))
@@ -70,6 +81,7 @@ def teardown() -> None:
     """Remove the namespaces (their veth ends go with them)."""
     for ns in NS:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
 
 
 def launch_in_namespaces(out: Path, overrides: list[str], log: Path) -> None:

@@ -9,6 +9,7 @@ instead of a hang or a crash deep inside Horovod.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -23,6 +24,32 @@ COMPARED = ("hvdtrain", "python", "torch", "tensorflow", "keras", "horovod")
 
 class HostError(RuntimeError):
     """A host of the job cannot be used: unreachable over SSH, or with different versions."""
+
+
+def check_gloo_hostname(environ: dict[str, str] | None = None) -> None:
+    """Before ``hvd.init()`` of a Gloo worker in a job across hosts: this host's own name must not
+    resolve to a loopback address, else a :class:`HostError` naming it.
+
+    Horovod 0.28 builds its process-set Gloo contexts (the global process set's included, during
+    ``hvd.init()``) on the address of the host's name: ``GlooContext::InitializeForProcessSet``
+    ignores ``HOROVOD_GLOO_IFACE`` (``--network-interfaces``). Where the name resolves to
+    127.0.x.x (Debian's ``/etc/hosts`` maps it to 127.0.1.1) the workers of other hosts are sent
+    to their own loopback and ``hvd.init()`` aborts with "connect [127.0.0.1]: Connection
+    refused". One host and MPI jobs are not affected."""
+    env = os.environ if environ is None else environ
+    if "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in env or int(env.get("HOROVOD_CROSS_SIZE", "1") or 1) <= 1:
+        return
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError as e:
+        raise HostError(f"host {name}: its own name does not resolve ({e}); Horovod's Gloo workers on several "
+                        f"hosts connect to the address of each host's name: add it to DNS or /etc/hosts") from None
+    if address.startswith("127."):
+        raise HostError(f"host {name}: its own name resolves to {address} (loopback), so workers on the other hosts "
+                        f"cannot connect to it: Horovod 0.28's Gloo process sets use the address of the host's name, "
+                        f"whatever --network-interfaces says. Map {name} to an address the other hosts reach "
+                        f"(DNS, or /etc/hosts instead of 127.0.1.1), or launch with --mpi")
 
 
 def parse_hosts(hosts: str) -> list[tuple[str, int]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.core.comm import horovod_comm_variables
+from hvdtrain.core.hosts import check_gloo_hostname
 
 LAUNCHER_VARIABLES = (
     "HOROVOD_RANK",  # horovodrun --gloo
@@ -40,6 +41,7 @@ def prepare_horovod_environment(config: Any = None) -> dict[str, str]:
     :class:`~hvdtrain.core.config.RunConfig`, its ``comm`` section is exported as Horovod's
     variables (the timeline's and autotune log's folders are created). Returns what was set.
     """
+    check_gloo_hostname()  # a Gloo job across hosts needs each host's name to resolve off loopback
     if not under_launcher():
         os.environ.setdefault("HOROVOD_CONTROLLER", "gloo")
         os.environ.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")

@@ -117,3 +117,19 @@ def test_pip_relay_serves_local_sources_and_hides_the_rest(tmp_path):
             urllib.request.urlopen(f"{base}/etc/passwd")  # nothing outside the configured sources
     finally:
         server.shutdown()
+
+
+def test_gloo_across_hosts_refuses_a_hostname_on_loopback(monkeypatch):
+    """Horovod 0.28's Gloo process sets bind to the address of the host's name: a name on 127.x
+    across hosts is named before hvd.init() aborts deep in Gloo; one host, or MPI, is not checked."""
+    from hvdtrain.core import hosts
+
+    monkeypatch.setattr(hosts.socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(hosts.socket, "gethostbyname", lambda name: "127.0.1.1")
+    across = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1", "HOROVOD_CROSS_SIZE": "2"}
+    with pytest.raises(hosts.HostError, match=r"host node7: its own name resolves to 127\.0\.1\.1 \(loopback\)"):
+        hosts.check_gloo_hostname(across)
+    hosts.check_gloo_hostname({**across, "HOROVOD_CROSS_SIZE": "1"})  # one host: loopback is fine
+    hosts.check_gloo_hostname({"OMPI_COMM_WORLD_RANK": "0", "HOROVOD_CROSS_SIZE": "2"})  # MPI: not affected
+    monkeypatch.setattr(hosts.socket, "gethostbyname", lambda name: "10.0.0.7")
+    hosts.check_gloo_hostname(across)
