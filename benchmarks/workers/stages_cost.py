@@ -1,9 +1,12 @@
 """Cost of pipeline stages against pure data parallelism: memory, throughput, transfer time.
 
-One launch trains the image recipe once with the given overrides and rank 0 writes a JSON line::
+One launch trains a recipe (the image recipe unless ``--recipe NAME``) once with the given overrides
+and rank 0 writes a JSON line::
 
     horovodrun -np 4 -H localhost:4 --gloo python benchmarks/workers/stages_cost.py OUT.jsonl LABEL \\
         --set model.name=resnet18 --set parallel.pipeline_stages=2 --set parallel.micro_batches=4 ...
+    horovodrun -np 4 -H localhost:4 --gloo python benchmarks/workers/stages_cost.py OUT.jsonl LABEL \\
+        --recipe bert-finetune --set parallel.pipeline_stages=2 --set data.max_train_samples=256 ...
 
 Per rank: parameters + gradients + optimizer state bytes held by that rank (its stage's parameters
 with pipeline stages; gradients counted at their size, they exist during every update), peak
@@ -25,7 +28,11 @@ import hvdtrain
 from hvdtrain.core import timeline
 from hvdtrain.core.callbacks import Callback
 
-out_path, label, overrides = sys.argv[1], sys.argv[2], [a for a in sys.argv[3:] if a != "--set"]
+out_path, label, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+recipe_name = "image-classification"
+if args[:1] == ["--recipe"]:
+    recipe_name, args = args[1], args[2:]
+overrides = [a for a in args if a != "--set"]
 floor_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
@@ -48,8 +55,8 @@ def state_bytes(adapter):
     return {"param_bytes": n, "grad_bytes": n, "optimizer_bytes": opt, "total_bytes": 2 * n + opt}
 
 
-recipe = hvdtrain.get_recipe("image-classification")
-config = hvdtrain.load_config(recipe.defaults, overrides=overrides, framework="torch")
+recipe = hvdtrain.get_recipe(recipe_name)
+config = hvdtrain.load_config(recipe.defaults, overrides=overrides, recipe=recipe_name, framework="torch")
 clock = StepClock()
 trainer = hvdtrain.Trainer(config, callbacks=[clock])
 result = trainer.fit()
@@ -61,7 +68,7 @@ if ctx.rank == 0:
     steps = len(clock.times)
     global_batch = config.train.batch_size * ctx.data_size
     rate = (steps - 3) * global_batch / (clock.times[-1] - clock.times[2])
-    row = {"label": label, "overrides": overrides, "world_size": ctx.size, "replicas": ctx.data_size,
+    row = {"label": label, "recipe": recipe_name, "overrides": overrides, "world_size": ctx.size, "replicas": ctx.data_size,
            "global_batch": global_batch, "steps": steps, "samples_per_sec": rate, "ranks": everyone,
            "val_accuracy": result.final.get("val_accuracy")}
     if config.comm.timeline:

@@ -25,18 +25,13 @@ sys.path.insert(0, str(WORKERS))
 pytest.importorskip("transformers")
 pytest.importorskip("keras_hub")
 
-from bert_tiny_model import make_tiny_bert, movie_sentences, write_csv, write_jsonl  # noqa: E402
+from bert_tiny_model import tiny_bert_run_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny BERT directory, a training CSV (160 rows) and a validation JSONL file (64 rows)."""
-    root = tmp_path_factory.mktemp("bert")
-    train, val = movie_sentences(160, 64)
-    model_dir = make_tiny_bert(root / "tiny-bert", train.texts, hidden_act="gelu")
-    return {"model": model_dir,
-            "train": write_csv(root / "train.csv", zip(train.texts, train.labels)),
-            "val": write_jsonl(root / "val.jsonl", zip(val.texts, val.labels))}
+    return tiny_bert_run_files(tmp_path_factory.mktemp("bert"), 160, 64)
 
 
 QUIET = {"train.log_every": 0, "train.progress_bar": False, "train.tensorboard": False}

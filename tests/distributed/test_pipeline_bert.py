@@ -20,17 +20,13 @@ sys.path.insert(0, str(REPO / "tests" / "distributed" / "workers"))
 pytest.importorskip("transformers")
 pytest.importorskip("keras_hub")
 
-from bert_tiny_model import make_tiny_bert, movie_sentences, write_csv, write_jsonl  # noqa: E402
+from bert_tiny_model import tiny_bert_run_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny BERT without dropout (so the runs are comparable), 128 training and 64 validation rows."""
-    root = tmp_path_factory.mktemp("bert")
-    train, val = movie_sentences(128, 64)
-    return {"model": make_tiny_bert(root / "tiny-bert", train.texts, hidden_act="gelu", dropout=0.0),
-            "train": write_csv(root / "train.csv", zip(train.texts, train.labels)),
-            "val": write_jsonl(root / "val.jsonl", zip(val.texts, val.labels))}
+    return tiny_bert_run_files(tmp_path_factory.mktemp("bert"), 128, 64, dropout=0.0)
 
 
 def bert(tiny, framework, output, *extra):

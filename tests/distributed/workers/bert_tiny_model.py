@@ -67,3 +67,14 @@ def write_jsonl(path: Path, rows, text_column: str = "sentence", label_column: s
         for text, label in rows:
             f.write(json.dumps({text_column: text, label_column: label}) + "\n")
     return path
+
+
+def tiny_bert_run_files(root: Path, n_train: int, n_val: int, dropout: float = 0.1) -> dict[str, Path]:
+    """A tiny BERT (exact GELU) trained on ``n_train`` movie-review sentences' vocabulary, those
+    sentences as a training CSV and ``n_val`` more as a validation JSONL file, under ``root``:
+    ``{"model", "train", "val"}``."""
+    root = Path(root)
+    train, val = movie_sentences(n_train, n_val)
+    return {"model": make_tiny_bert(root / "tiny-bert", train.texts, hidden_act="gelu", dropout=dropout),
+            "train": write_csv(root / "train.csv", zip(train.texts, train.labels)),
+            "val": write_jsonl(root / "val.jsonl", zip(val.texts, val.labels))}
