@@ -228,11 +228,17 @@ def refusal(config: Any, world_size: int) -> str | None:
 
 def model_blocks(task: Any, config: Any) -> list[Any]:
     """The recipe's model as its ordered blocks (``TrainTask.pipeline_blocks()``), or a ConfigError
-    when the recipe does not say how its model splits into stages."""
+    when the recipe does not say how its model splits into stages, or when it exports its model
+    but checkpoints are off (rank 0 gets the other stages' weights only with the end-of-training
+    checkpoint, and exports after the other ranks are done: found out before training, not after)."""
     if task.pipeline_blocks is None:
         raise ConfigError(f"parallel.pipeline_stages={config.parallel.pipeline_stages}: recipe {config.recipe!r} "
                           f"with model {config.model.name!r} does not say how its model splits into stages "
                           f"(TrainTask.pipeline_blocks); use parallel.pipeline_stages=1")
+    if task.export is not None and not config.checkpoint.enabled:
+        raise ConfigError(f"parallel.pipeline_stages={config.parallel.pipeline_stages} with checkpoint.enabled=false: "
+                          f"recipe {config.recipe!r} exports its trained model, which rank 0 assembles from the "
+                          f"stages with the final checkpoint; set checkpoint.enabled=true")
     return list(task.pipeline_blocks())
 
 

@@ -11,7 +11,8 @@ the global norm is summed over the stages, and each stage clips and applies its 
 Keras layers own their variables, so every rank still holds the whole model's weights (not their
 gradients or optimizer slots: those exist for its stage only). Checkpoints keep the non-pipelined
 format: rank 0 gathers every stage's variables and optimizer slots and writes the model's
-variables and an optimizer file in the order a non-pipelined run uses.
+variables and an optimizer file in the order a non-pipelined run uses; its own copy of the other
+stages' weights is refreshed from them, so the recipe's export after training saves the trained model.
 """
 
 from __future__ import annotations
@@ -291,6 +292,9 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
             values.update(part["model"])
             slots.update(part["optimizer"])
         model_vars = [_Saved(v, values[i]) for i, v in enumerate(self.model.variables)]
+        for i, (variable, stage) in enumerate(zip(self.model.variables, self.variable_stage)):
+            if stage != self.stage:  # rank 0's copy of the other stages, unused in its training: now whole,
+                variable.assign(values[i])  # so the recipe's export (rank 0, after training) saves trained weights
         full = self._full_optimizer()
         missing = [v.path for v in full.variables if v.path not in slots]
         if missing:

@@ -2,8 +2,9 @@
 TensorFlow, on a tiny BERT without dropout (random weights, its own tokenizer) and real
 movie-review sentences: one epoch with 2 stages x 2 replicas (embeddings + first layer | second
 layer + head, 2 micro-batches) ends with the weights and validation metrics of a data-parallel run
-on 2 workers with the same global batch, within float32 round-off, and its checkpoint has the
-data-parallel format.
+on 2 workers with the same global batch, within float32 round-off; its checkpoint has the
+data-parallel format, and its export (written by rank 0 after training) holds the trained weights of
+both stages. A pipelined run that would export without checkpoints is refused before training.
 """
 
 from __future__ import annotations
@@ -56,3 +57,32 @@ def test_pipelined_bert_trains_like_data_parallel_bert(tmp_path, tiny, framework
     assert abs(dp_row["train_loss"] - pp_row["train_loss"]) <= 1e-5, (dp_row, pp_row)
     assert abs(dp_row["val_loss"] - pp_row["val_loss"]) <= 1e-5, (dp_row, pp_row)
     assert dp_row["val_accuracy"] == pp_row["val_accuracy"]
+    dp_export, pp_export = exported_weights(tmp_path / "dp", framework), exported_weights(tmp_path / "pp", framework)
+    assert len(dp_export) == len(pp_export) > 0
+    assert max(float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(dp_export, pp_export)) <= 1e-5
+
+
+def exported_weights(run_dir, framework):
+    """The floating-point weights of a run's export (``RUN_DIR/model``), in the model's order (Keras'
+    integer seed-generator states count calls, which micro-batches multiply)."""
+    if framework == "torch":
+        from safetensors.numpy import load_file
+
+        saved = load_file(run_dir / "model" / "model.safetensors")
+        return [saved[k] for k in sorted(saved) if saved[k].dtype.kind == "f"]
+    import keras
+    import keras_hub  # noqa: F401  (registers the classifier's classes for loading)
+
+    model = keras.saving.load_model(run_dir / "model" / "model.keras")
+    return [a for a in (np.asarray(v.numpy()) for v in model.variables) if a.dtype.kind == "f"]
+
+
+@pytest.mark.distributed
+def test_pipelined_export_without_checkpoints_is_refused_before_training(tmp_path, tiny):
+    proc = horovodrun(bert(tiny, "torch", tmp_path / "run", "--set", "parallel.pipeline_stages=2",
+                           "--set", "checkpoint.enabled=false"), np=4, timeout=300, check=False)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "checkpoint.enabled=false" in output and "set checkpoint.enabled=true" in output, output[-3000:]
+    assert "<stderr>:Traceback" not in output  # one line per worker (horovodrun adds its own traceback)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
