@@ -154,14 +154,26 @@ def render(results: dict) -> str:
                   "namespaces joined by a veth pair shaped with `tc` (token bucket, both directions); torch, "
                   f"small_cnn, `{' '.join(k['train'])}`. Target = the uncompressed run's final validation accuracy "
                   "at that rate; time = training time (sum of epoch times, evaluation included) until a setting "
-                  "first reaches it; ratio = that time / the uncompressed run's (lower is better).", "",
-                  "| link | setting | accuracy per epoch | time to target (s) | ratio to uncompressed |",
-                  "|---|---|---|---|---|"]
+                  "first reaches it; ratio = that time / the uncompressed run's (lower is better). A setting that "
+                  "ends below the target has no time; the common target (the lowest final accuracy of the "
+                  "settings at that rate, which all reach) compares them all.", "",
+                  "| link | setting | accuracy per epoch | epoch times (s) | time to target (s) | ratio | "
+                  "common target | time to it (s) | ratio |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+
+        def seconds(value):
+            return f"{value:.0f}" if value else "not reached"
+
+        def ratio(value):
+            return f"**{value:.2f}**" if value else "-"
+
         for r in k["rows"]:
-            reached = f"{r['time_to_target']:.0f}" if r["time_to_target"] else "not reached"
-            ratio = f"**{r['ratio_to_uncompressed']:.2f}**" if r["ratio_to_uncompressed"] else "-"
             accs = ", ".join(f"{100 * a:.2f}%" for a in r["accuracies"])
-            lines.append(f"| {r['rate']} | {r['setting']} | {accs} | {reached} | {ratio} |")
+            times = ", ".join(f"{t:.0f}" for t in r.get("epoch_times", []))
+            common = f"{100 * r['common_target']:.2f}%" if r.get("common_target") else "-"
+            lines.append(f"| {r['rate']} | {r['setting']} | {accs} | {times} | {seconds(r['time_to_target'])} | "
+                         f"{ratio(r['ratio_to_uncompressed'])} | {common} | {seconds(r.get('time_to_common'))} | "
+                         f"{ratio(r.get('ratio_common'))} |")
         lines.append("")
     if results.get("ddp"):
         d = results["ddp"]
