@@ -35,9 +35,14 @@ def check_gloo_hostname(environ: dict[str, str] | None = None) -> None:
     ignores ``HOROVOD_GLOO_IFACE`` (``--network-interfaces``). Where the name resolves to
     127.0.x.x (Debian's ``/etc/hosts`` maps it to 127.0.1.1) the workers of other hosts are sent
     to their own loopback and ``hvd.init()`` aborts with "connect [127.0.0.1]: Connection
-    refused". One host and MPI jobs are not affected."""
+    refused". One host and MPI jobs are not affected, nor is a worker its launcher addressed by a
+    local name (``localhost``, ``127.x``): that job's "hosts" are this machine (as in an elastic
+    run over ``localhost`` and ``127.0.0.1``)."""
     env = os.environ if environ is None else environ
     if "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in env or int(env.get("HOROVOD_CROSS_SIZE", "1") or 1) <= 1:
+        return
+    launched_as = env.get("HOROVOD_HOSTNAME", "")
+    if is_local(launched_as) or launched_as.startswith("127.") or launched_as == "::1":
         return
     name = socket.gethostname()
     try:

@@ -126,10 +126,12 @@ def test_gloo_across_hosts_refuses_a_hostname_on_loopback(monkeypatch):
 
     monkeypatch.setattr(hosts.socket, "gethostname", lambda: "node7")
     monkeypatch.setattr(hosts.socket, "gethostbyname", lambda name: "127.0.1.1")
-    across = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1", "HOROVOD_CROSS_SIZE": "2"}
+    across = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1", "HOROVOD_CROSS_SIZE": "2", "HOROVOD_HOSTNAME": "node7"}
     with pytest.raises(hosts.HostError, match=r"host node7: its own name resolves to 127\.0\.1\.1 \(loopback\)"):
         hosts.check_gloo_hostname(across)
     hosts.check_gloo_hostname({**across, "HOROVOD_CROSS_SIZE": "1"})  # one host: loopback is fine
+    for local in ("localhost", "127.0.0.1"):  # "hosts" that are this machine (elastic over localhost, 127.0.0.1)
+        hosts.check_gloo_hostname({**across, "HOROVOD_HOSTNAME": local})
     hosts.check_gloo_hostname({"OMPI_COMM_WORLD_RANK": "0", "HOROVOD_CROSS_SIZE": "2"})  # MPI: not affected
     monkeypatch.setattr(hosts.socket, "gethostbyname", lambda name: "10.0.0.7")
     hosts.check_gloo_hostname(across)
