@@ -34,6 +34,14 @@ OPTIMIZER_FILE = "optimizer.npz"  # loss-scale state included (train.mixed_preci
 SEED_STRIDE = 1_000_003  # rank r's layer seeds are rank 0's plus r times this
 
 
+def offset_seed_states(states: list[Any], index: int) -> None:
+    """Shift Keras layer seed states (``[seed, counter]``, broadcast from data-parallel copy 0) by
+    ``index`` strides, so that copy ``index`` draws its own dropout masks; copy 0 keeps its own
+    stream, so its checkpoint restores every copy's stream."""
+    for state in states:
+        state.assign(state.value + tf.constant([SEED_STRIDE * index, 0], dtype=state.dtype))
+
+
 def tf_variables(variables: list[Any]) -> list[tf.Variable]:
     """The ``tf.Variable`` behind each Keras 3 variable (what Horovod's TF ops accept)."""
     return [getattr(v, "value", v) if not isinstance(v, tf.Variable) else v for v in variables]
@@ -195,10 +203,8 @@ class TensorFlowAdapter(FrameworkAdapter):
     def broadcast_state(self, root_rank: int = 0) -> None:
         variables = tf_variables(self.model.variables) + tf_variables(self.optimizer.variables)
         hvd.broadcast_variables(variables, root_rank=root_rank)  # distributed: model + optimizer state
-        # The layers' seed states came from rank 0 too; offset them by rank so that dropout masks differ
-        # between ranks (rank 0 keeps its own, so its checkpoint restores every rank's stream).
-        for state in self._seed_states():
-            state.assign(state.value + tf.constant([SEED_STRIDE * hvd.rank(), 0], dtype=state.dtype))
+        # The layers' seed states came from rank 0 too: each rank draws its own dropout masks.
+        offset_seed_states(self._seed_states(), hvd.rank())
 
     def sync_model_buffers(self) -> None:
         stats = [v for v in self.model.non_trainable_variables if v.dtype in ("float16", "bfloat16", "float32", "float64")]

@@ -30,7 +30,7 @@ from hvdtrain.core import pipeline
 from hvdtrain.core.adapter import DistContext, NonFiniteGradientError
 from hvdtrain.core.config import ConfigError
 from hvdtrain.tensorflow.adapter import (MODEL_FILE, OPTIMIZER_FILE, TensorFlowAdapter, _as_tensor, _load_variables,
-                                         _save_variables, tf_variables)
+                                         _save_variables, offset_seed_states, tf_variables)
 
 
 def functional_blocks(model: keras.Model, boundaries: list[Any]) -> list[keras.Model]:
@@ -107,12 +107,20 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
         self._pending: dict[str, Any] | None = None
         self._gathered: list[dict[str, Any]] | None = None
         self._metric_keys: list[str] | None = None
+        # this stage's forward as one graph; the tape around each call records it as one op, whose
+        # gradient is the compiled backward (eager Keras layers cost far more than their arithmetic)
+        self._stage_forward = tf.function(self._run_blocks, reduce_retracing=True)
+        self._stage_loss = tf.function(self._forward_and_loss, reduce_retracing=True)
 
     def _run_blocks(self, x: Any, inputs: Any, training: bool) -> Any:
         for block in self.blocks:
             x = block([x, inputs], training=training) if getattr(block, "needs_inputs", False) \
                 else block(x, training=training)
         return x
+
+    def _forward_and_loss(self, x: Any, inputs: Any, targets: Any) -> tf.Tensor:
+        """The last stage in training: its blocks, then the task's loss (float32)."""
+        return tf.cast(self.task.loss_fn(self._run_blocks(x, inputs, True), targets), tf.float32)
 
     def _exchange(self, payload: tf.Tensor | None, to_stage: int | None, name: str) -> tf.Tensor | None:
         send = payload if payload is not None else tf.zeros([0], tf.float32)
@@ -139,12 +147,13 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
                     with tape:
                         if not self.first:
                             tape.watch(x)
-                        y = self._run_blocks(x, mb_inputs, training)
                         if self.last:
-                            loss = tf.cast(self.task.loss_fn(y, targets[offsets[m]:offsets[m] + sizes[m]]), tf.float32)
+                            loss = self._stage_loss(x, mb_inputs, targets[offsets[m]:offsets[m] + sizes[m]])
                             y = (loss, loss * (sizes[m] / n))
+                        else:
+                            y = self._stage_forward(x, mb_inputs, True)
                 else:
-                    y = self._run_blocks(x, mb_inputs, training)
+                    y = self._stage_forward(x, mb_inputs, False)
                 results[m] = (tape, x, y)
                 if not self.last:
                     payload = pack(y)
@@ -240,6 +249,8 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
         root = self.layout.rank_of(self.stage, 0)
         hvd.broadcast_variables(tf_variables(self.own_variables) + tf_variables(self.optimizer.variables),
                                 root_rank=root, process_set=self.stage_set)  # distributed: replicas start equal
+        own = {id(v) for v in self.own_variables}  # ... but each replica draws its own dropout masks
+        offset_seed_states([v for v in self._seed_states() if id(v) in own], self.replica)
 
     def sync_model_buffers(self) -> None:
         """BatchNorm statistics of this stage's own layers, averaged over the stage's replicas only."""

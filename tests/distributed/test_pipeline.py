@@ -8,6 +8,8 @@
 * the image recipe through the CLI: a pipelined run's checkpoint resumes a data-parallel run and
   that run's checkpoint resumes a pipelined run;
 * kill-and-resume at the same layout ends bitwise equal to an uninterrupted run;
+* in TensorFlow the replicas of a stage draw different dropout masks, and a checkpoint restores
+  every replica's stream;
 * refused combinations stop before training and name the reason.
 """
 
@@ -109,3 +111,19 @@ def test_refused_combinations_name_the_reason(tmp_path, np_, extra, reason):
     assert proc.returncode != 0
     assert reason in proc.stdout + proc.stderr
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+
+
+@pytest.mark.distributed
+def test_tensorflow_replicas_draw_their_own_dropout_masks_and_resume_them(tmp_path):
+    report_path = tmp_path / "report.json"
+    horovodrun(["python", WORKERS / "pipeline_dropout_tensorflow.py", report_path, tmp_path / "ckpt"], np=4,
+               timeout=300)
+    rows = {(r["stage"], r["replica"]): r for r in json.loads(report_path.read_text())}
+    assert sorted(rows) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for stage in (0, 1):
+        first, second = rows[stage, 0], rows[stage, 1]
+        assert first["seed_states"], "the stage owns a Dropout layer"
+        assert first["outputs"][0] != first["outputs"][1]  # a new mask on every call
+        assert first["outputs"] != second["outputs"], f"stage {stage}: both replicas drew the same dropout masks"
+    for row in rows.values():  # a checkpoint holds replica 0's streams; every replica gets its own back
+        assert row["reloaded_seed_states"] == row["seed_states"], row
