@@ -42,7 +42,7 @@ def check_gloo_hostname(environ: dict[str, str] | None = None) -> None:
     if "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in env or int(env.get("HOROVOD_CROSS_SIZE", "1") or 1) <= 1:
         return
     launched_as = env.get("HOROVOD_HOSTNAME", "")
-    if is_local(launched_as) or launched_as.startswith("127.") or launched_as == "::1":
+    if is_local(launched_as) or is_loopback(launched_as):
         return
     name = socket.gethostname()
     try:
@@ -50,7 +50,7 @@ def check_gloo_hostname(environ: dict[str, str] | None = None) -> None:
     except OSError as e:
         raise HostError(f"host {name}: its own name does not resolve ({e}); Horovod's Gloo workers on several "
                         f"hosts connect to the address of each host's name: add it to DNS or /etc/hosts") from None
-    if address.startswith("127."):
+    if is_loopback(address):
         raise HostError(f"host {name}: its own name resolves to {address} (loopback), so workers on the other hosts "
                         f"cannot connect to it: Horovod 0.28's Gloo process sets use the address of the host's name, "
                         f"whatever --network-interfaces says. Map {name} to an address the other hosts reach "
@@ -74,6 +74,11 @@ def parse_hosts(hosts: str) -> list[tuple[str, int]]:
 def is_local(host: str) -> bool:
     """True for the names Horovod starts workers on without SSH."""
     return host in LOCAL_NAMES
+
+
+def is_loopback(address: str) -> bool:
+    """True for a loopback address (127.x.x.x, ``::1``)."""
+    return address.startswith("127.") or address == "::1"
 
 
 def ssh_command(host: str, command: str, port: int | None = None, identity: str | None = None,
