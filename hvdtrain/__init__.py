@@ -18,8 +18,9 @@ __version__ = "0.1.0"
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, FrameworkMissingError, load_adapter
 from hvdtrain.core.checkpoint import CheckpointError, CheckpointManager
-from hvdtrain.core.config import (CheckpointConfig, ConfigError, DataConfig, ModelConfig, OptimConfig,
-                                  RunConfig, TrainConfig, load_config, option)
+from hvdtrain.core.config import (CheckpointConfig, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig,
+                                  TrainConfig, option)
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.loop import RunResult, Trainer, TrainingError, train
 from hvdtrain.core.registry import (RecipeError, define_recipe, get_recipe, list_recipes, register_recipe,
                                     unregister_recipe)

@@ -28,7 +28,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.core.config import RunConfig, load_config, to_dict
+from hvdtrain.core.config import RunConfig, to_dict
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.loop import RunResult, train
 from hvdtrain.core.plugins import resolve_recipe_name
 from hvdtrain.core.registry import RecipeSpec, get_recipe, register_spec

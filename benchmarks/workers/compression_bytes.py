@@ -12,7 +12,7 @@ import time
 
 import common  # noqa: F401  (puts the repository on sys.path)
 from hvdtrain.core.bench import BenchSettings
-from hvdtrain.core.config import load_config
+from hvdtrain.core.resolve import load_config
 
 WARMUP, STEPS = 2, 6
 

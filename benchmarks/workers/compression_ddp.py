@@ -30,7 +30,7 @@ import common
 import horovod.torch as hvd
 from compression_bytes import wchar
 from hvdtrain.core.bench import BenchSettings
-from hvdtrain.core.config import load_config
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.schedule import build_schedule
 from hvdtrain.torch.adapter import TorchAdapter
 from hvdtrain.torch.bench import synthetic_task, to_device

@@ -16,7 +16,8 @@ from pathlib import Path
 import click
 
 from hvdtrain.cli.common import USER_ERRORS, fail, main
-from hvdtrain.core.config import FRAMEWORKS, ConfigError, load_config
+from hvdtrain.core.config import FRAMEWORKS, ConfigError
+from hvdtrain.core.resolve import load_config
 
 def _world_sizes(text: str) -> list[int]:
     try:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import click
 
 from hvdtrain.cli.common import USER_ERRORS, fail, main
-from hvdtrain.core.config import FRAMEWORKS, describe_keys, load_config
+from hvdtrain.core.config import FRAMEWORKS, describe_keys
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.plugins import resolve_recipe_name
 from hvdtrain.core.registry import get_recipe, list_recipes
 

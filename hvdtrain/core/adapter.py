@@ -35,6 +35,8 @@ class DistContext:
     local_size: int = 1
     replica: int | None = None  # pipeline parallelism: this rank's data-parallel replica (None: its rank)
     replicas: int | None = None  # pipeline parallelism: the number of replicas (None: the world size)
+    mpi: bool = False  # Horovod runs on its MPI controller (else Gloo)
+    gpu: bool = False  # this process trains on a GPU
 
     @property
     def is_main(self) -> bool:

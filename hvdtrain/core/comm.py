@@ -1,5 +1,5 @@
 """The ``comm`` config section turned into what Horovod needs: environment variables read at
-``hvd.init()``, the reduction op's requirements, and whether gradients are reduced while the
+``hvd.init()``, and whether gradients are reduced while the
 backward pass runs or all together after it. Framework-neutral; both adapters use it."""
 
 from __future__ import annotations
@@ -28,19 +28,6 @@ def horovod_comm_variables(comm: Any) -> dict[str, str]:
     if comm.timeline_mark_cycles:
         env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
     return env
-
-
-def reduction_problem(comm: Any, size: int, mpi_enabled: bool) -> str | None:
-    """Why ``comm.reduction`` cannot run in this job (None if it can). Horovod 0.28 implements
-    Adasum on CPU only over MPI, and only for a power-of-2 number of workers."""
-    if comm.reduction != "adasum" or size == 1:
-        return None
-    if not mpi_enabled:
-        return ("comm.reduction: 'adasum' needs Horovod's MPI controller (horovodrun --mpi or mpirun); this job "
-                "runs on Gloo. Use comm.reduction=average or launch with MPI")
-    if size & (size - 1):
-        return f"comm.reduction: 'adasum' needs a power-of-2 number of workers, this job has {size}"
-    return None
 
 
 def overlap_gradients(comm: Any, gpu: bool, workers_per_host: int, threads: int, cores: int) -> bool:

@@ -1,8 +1,8 @@
 """Less communication, described once for both frameworks: PowerSGD and top-k gradient compression
 with error feedback, and local SGD (periodic parameter averaging).
 
-This module holds what does not depend on the framework: which option a config selects and which
-combinations are refused (:func:`comm_problem`, called by the one validation pass), how a gradient
+This module holds what does not depend on the framework: which option a config selects (what it
+may not be combined with is in :mod:`hvdtrain.core.rules`), how a gradient
 is viewed as a matrix, its PowerSGD rank and the seeded initial ``Q``, how many entries top-k
 keeps, and when local SGD averages. The arithmetic runs in :mod:`hvdtrain.torch.compression` and
 :mod:`hvdtrain.tensorflow.compression`, which follow the same steps so that both frameworks give
@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from hvdtrain.core.rules import fp16_allreduce
+
 #: Seed of the random initial Q matrices (the same on every worker and in both frameworks).
 Q_SEED = 20190501
 
@@ -66,31 +68,11 @@ class CommPlan:
     local_sgd_average_optimizer: bool = False
 
 
-def comm_problem(config: Any) -> str | None:
-    """Why the run's compression / local-SGD keys cannot work together (None if they can)."""
-    comm, train = config.comm, config.train
-    method = comm.compression
-    local = comm.local_sgd_steps > 1
-    if comm.reduction == "adasum" and (method in ("powersgd", "topk") or local):
-        what = f"comm.compression={method}" if not local else f"comm.local_sgd_steps={comm.local_sgd_steps}"
-        return (f"{what} cannot be combined with comm.reduction=adasum (Adasum combines whole updates, the "
-                f"compressed exchange averages); use comm.reduction=average")
-    if local and (method != "none" or train.fp16_allreduce):
-        other = f"comm.compression={method}" if method != "none" else "train.fp16_allreduce=true"
-        return (f"comm.local_sgd_steps={comm.local_sgd_steps} exchanges parameters, not gradients, so it cannot be "
-                f"combined with {other}; use comm.compression=none and train.fp16_allreduce=false, or "
-                f"comm.local_sgd_steps=1")
-    if method in ("powersgd", "topk") and train.mixed_precision == "fp16":
-        return (f"comm.compression={method} keeps error-feedback buffers that an overflowing fp16 loss scale would "
-                f"fill with inf; use train.mixed_precision=bf16 or none, or comm.compression=fp16")
-    return None
-
-
 def comm_plan(config: Any) -> CommPlan | None:
     """The exchange hvdtrain runs itself, or None where Horovod's own allreduce does the job
     (``none``/``fp16``, and local SGD with H=1)."""
     comm = config.comm
-    fp16 = comm.compression == "fp16" or config.train.fp16_allreduce
+    fp16 = fp16_allreduce(config)
     common = dict(fp16_wire=fp16, powersgd_rank=comm.powersgd_rank, powersgd_start_step=comm.powersgd_start_step,
                   powersgd_min_size=comm.powersgd_min_size, topk_ratio=comm.topk_ratio,
                   local_sgd_steps=comm.local_sgd_steps,
@@ -100,12 +82,6 @@ def comm_plan(config: Any) -> CommPlan | None:
     if comm.local_sgd_steps > 1:
         return CommPlan(method="local_sgd", **common)
     return None
-
-
-def uses_fp16_allreduce(config: Any) -> bool:
-    """Whether Horovod's own allreduce should compress to float16 (``comm.compression=fp16`` or
-    ``train.fp16_allreduce``)."""
-    return config.comm.compression == "fp16" or config.train.fp16_allreduce
 
 
 def matrix_shape(logical_shape: tuple[int, ...]) -> tuple[int, int]:

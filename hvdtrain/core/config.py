@@ -13,7 +13,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -22,6 +22,20 @@ FRAMEWORKS = ("torch", "tensorflow")
 
 class ConfigError(ValueError):
     """A configuration key or value is not allowed; the message names it and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What the recipe in force adds to the core's keys, handed in by the caller (this module
+    knows no recipe): its own ``sections`` (name -> dataclass), the old spellings of keys it moved
+    into them (``moved_keys``: old dotted key -> new), and, for error messages, what other known
+    recipes declare (``foreign_sections``: section -> recipe names) and moved
+    (``foreign_moves``: old -> (new, recipe))."""
+
+    sections: dict[str, type] = field(default_factory=dict)
+    moved_keys: dict[str, str] = field(default_factory=dict)
+    foreign_sections: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    foreign_moves: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _f(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
@@ -94,7 +108,8 @@ class TrainConfig:
     seed: int = _f(42, "seed for model init, shuffling and augmentation", min=0)
     grad_accumulation: int = _f(1, "micro-batches whose gradients are summed before one allreduce and "
                                 "update (Horovod's backward_passes_per_step)", min=1)
-    fp16_allreduce: bool = _f(False, "compress gradients to float16 for the allreduce")
+    fp16_allreduce: bool = _f(False, "older spelling of comm.compression=fp16 (kept as an alias): gradients travel "
+                              "as float16; with comm.compression=powersgd or topk, their factors or values do")
     mixed_precision: str = _f("none", "autocast compute precision", choices=("none", "bf16", "fp16"))
     threads: int | None = _f(None, "intra-op threads per worker; None shares the cores among local workers",
                              min=1)
@@ -136,7 +151,8 @@ class CommConfig:
 
     Fusion, cycle time, autotune and timeline are read by Horovod at ``hvd.init()``; None/false
     leaves Horovod's default (or what ``horovodrun`` set) in place. Float16 compression is
-    ``train.fp16_allreduce`` and gradient accumulation ``train.grad_accumulation``.
+    ``compression=fp16`` (``train.fp16_allreduce`` is its older spelling) and gradient
+    accumulation ``train.grad_accumulation``.
     """
 
     reduction: str = _f("average", "how gradients are combined across workers: 'average' (allreduce mean) or "
@@ -192,6 +208,28 @@ class ParallelConfig:
                             "batch", min=1)
     cut: Any = _f("balanced", "where the model's blocks are cut: 'balanced' (equal parameter counts as far as "
                   "possible) or a list of S-1 block boundaries such as [3]")
+
+    def check(self) -> None:
+        """The cut must be 'balanced' or block boundaries (whether they fit the model is known only
+        once the recipe built it)."""
+        parse_cut(self.cut)
+
+
+def parse_cut(cut: Any) -> str | list[int]:
+    """``parallel.cut`` as ``"balanced"`` or a list of block boundaries (from a list or ``"3,6"``)."""
+    if isinstance(cut, str):
+        text = cut.strip()
+        if text == "balanced":
+            return text
+        text = text.strip("[]")
+        try:
+            return [int(p) for p in text.split(",") if p.strip()]
+        except ValueError:
+            raise ConfigError(f"parallel.cut: {cut!r} is not allowed; use 'balanced' or block boundaries "
+                              f"such as [3] or '3,6'") from None
+    if isinstance(cut, (list, tuple)) and all(isinstance(b, int) and not isinstance(b, bool) for b in cut):
+        return list(cut)
+    raise ConfigError(f"parallel.cut: {cut!r} is not allowed; use 'balanced' or block boundaries such as [3]")
 
 
 @dataclass
@@ -288,11 +326,13 @@ def _check_limits(value: Any, f: dataclasses.Field, key: str) -> None:
 
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "",
-              sections: dict[str, type] | None = None) -> Any:
+              sections: dict[str, type] | None = None,
+              foreign_sections: dict[str, tuple[str, ...]] | None = None) -> Any:
     """Build dataclass ``cls`` from a nested dict, converting and validating every value.
 
     For :class:`RunConfig`, ``sections`` maps the recipe's own section names to their dataclasses;
     those top-level keys become ``config.sections`` (every section present, defaults filled in).
+    ``foreign_sections`` (section -> recipes declaring it) names the owner of an unknown section.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
@@ -311,7 +351,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "",
     if unknown:
         allowed = ", ".join([*names, *sections])
         raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}"
-                          f"{_owner_hint(unknown[0]) if cls is RunConfig else ''}; allowed keys"
+                          f"{_owner_hint(unknown[0], foreign_sections) if cls is RunConfig else ''}; allowed keys"
                           f"{' in ' + prefix.rstrip('.') if prefix else ''}: {allowed}")
     kwargs: dict[str, Any] = {}
     recipe_sections = {name: tp() for name, tp in sections.items()}
@@ -328,33 +368,27 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "",
     return cls(**kwargs)
 
 
-def _owner_hint(section: str) -> str:
-    """`` (a section of recipe X)`` when another registered recipe declares ``section``."""
-    from hvdtrain.core.registry import recipes_declaring
-
-    owners = recipes_declaring(section)
+def _owner_hint(section: str, foreign_sections: dict[str, tuple[str, ...]] | None) -> str:
+    """`` (a section of recipe X)`` when another known recipe declares ``section``."""
+    owners = (foreign_sections or {}).get(section, ())
     return f" (a section of recipe {', '.join(owners)}, not of this one)" if owners else ""
 
 
 def validate(config: RunConfig) -> RunConfig:
-    """The one validation pass: re-checks every field's type, choices and range (core and recipe
-    sections alike), then each section's own cross-field rules (a ``check()`` method, if any)."""
+    """Every section checks itself: re-checks every field's type, choices and range (core and
+    recipe sections alike), then each section's own cross-field rules (a ``check()`` method that
+    returns a problem or raises ConfigError). Rules that span sections or need the job live in
+    :mod:`hvdtrain.core.rules`."""
     from_dict(RunConfig, to_dict(config), sections=section_types(config))  # types and unknown keys
     _walk_limits(config, "")
-    for name, section in config.sections.items():
+    core = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if dataclasses.is_dataclass(getattr(config, f.name))}
+    for name, section in {**core, **config.sections}.items():
         check = getattr(section, "check", None)
         if callable(check):
             problem = check()
             if problem:
                 raise ConfigError(f"{name}: {problem}")
-    from hvdtrain.core.compression import comm_problem  # cross-field rules of comm's compression keys
-
-    problem = comm_problem(config)
-    if problem:
-        raise ConfigError(problem)
-    from hvdtrain.core.pipeline import parse_cut  # lazy: pipeline imports this module
-
-    parse_cut(config.parallel.cut)
     return config
 
 
@@ -446,14 +480,17 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None = None,
-                overrides: list[str] | tuple[str, ...] = (), **top: Any) -> RunConfig:
+                overrides: list[str] | tuple[str, ...] = (),
+                schema: Schema | Callable[[str], Schema] | None = None, **top: Any) -> RunConfig:
     """Resolve a RunConfig: dataclass defaults < recipe ``defaults`` < ``file`` < ``top`` < ``overrides``.
 
     ``top`` takes dotted keys as keyword names with ``__`` for dots (``train__epochs=3``) and skips
-    None values, which is what the CLI's optional flags pass. The recipe in force (the last
-    ``recipe`` given, else the default) supplies its own sections and the old spellings of keys it
-    moved out of the core (``data.image_size`` -> ``image.size``): an old spelling still works and
-    rank 0 prints a note saying where the key went.
+    None values, which is what the CLI's optional flags pass. ``schema`` is the recipe's
+    :class:`Schema`, or a function giving it for the recipe in force (the last ``recipe`` given,
+    else the default): its own sections and the old spellings of keys it moved out of the core
+    (``data.image_size`` -> ``image.size``), which still work with a note on rank 0 saying where
+    the key went. :func:`hvdtrain.core.resolve.load_config` passes the registry's recipes and
+    asks the rulebook.
     """
     file_data = read_file(file) if file else {}
     pairs = [(key.replace("__", "."), value) for key, value in top.items() if value is not None]
@@ -461,30 +498,26 @@ def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None 
     recipe = next((v for k, v in reversed(pairs) if k == "recipe"),
                   file_data.get("recipe", (defaults or {}).get("recipe", RunConfig.recipe)))
     recipe = str(recipe)
-    sections, moved = recipe_schema(recipe)
+    if callable(schema):
+        schema = schema(recipe)
+    schema = schema or Schema()
     data: dict[str, Any] = {}
     for layer in (defaults or {}, file_data):
-        data = merge(data, _apply_moves(layer, moved, recipe))
+        data = merge(data, _apply_moves(layer, schema, recipe))
     for key, value in pairs:
         layer: dict[str, Any] = {}
         _set_path(layer, key, value)
-        relocated = _apply_moves(layer, moved, recipe)
+        relocated = _apply_moves(layer, schema, recipe)
         if relocated != layer:  # an old spelling: set at its new place
             data = merge(data, relocated)
         else:
             _set_path(data, key, value)
-    return validate(from_dict(RunConfig, data, sections=sections))
-
-
-def recipe_schema(recipe: str) -> tuple[dict[str, type], dict[str, str]]:
-    """Recipe ``recipe``'s own sections and moved keys (empty for a recipe not registered yet)."""
-    from hvdtrain.core.registry import RecipeError, get_recipe
-
-    try:
-        spec = get_recipe(recipe)
-    except RecipeError:
-        return {}, {}
-    return dict(spec.sections), dict(spec.moved_keys)
+    config = from_dict(RunConfig, data, sections=dict(schema.sections), foreign_sections=schema.foreign_sections)
+    if config.train.fp16_allreduce and config.comm.compression == "none":  # one key for fp16: the alias
+        config.comm.compression = "fp16"
+        _note("train.fp16_allreduce", "train.fp16_allreduce=true is the older spelling of comm.compression=fp16; "
+                                      "the old key still works")
+    return validate(config)
 
 
 _NOTED: set[str] = set()
@@ -501,18 +534,16 @@ def _pop_path(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
     return True, node.pop(parts[-1])
 
 
-def _apply_moves(layer: dict[str, Any], moved: dict[str, str], recipe: str) -> dict[str, Any]:
-    """``layer`` with every old key spelling of ``moved`` rewritten to its new place; an old key
-    that another recipe moved is an error naming where it belongs."""
-    from hvdtrain.core.registry import moved_elsewhere
-
+def _apply_moves(layer: dict[str, Any], schema: Schema, recipe: str) -> dict[str, Any]:
+    """``layer`` with every old key spelling the recipe moved rewritten to its new place; an old
+    key that another recipe moved is an error naming where it belongs."""
     layer = copy.deepcopy(layer)
-    for old, new in moved.items():
+    for old, new in schema.moved_keys.items():
         found, value = _pop_path(layer, old)
         if found:
             _set_path(layer, new, value)
             _note(old, f"{old} is now {new} (a key of recipe {recipe}); the old spelling still works")
-    for old, (new, owner) in moved_elsewhere(recipe).items():
+    for old, (new, owner) in schema.foreign_moves.items():
         found, _ = _pop_path(copy.deepcopy(layer), old)
         if found:
             raise ConfigError(f"unknown config key {old}: it moved to {new}, a key of recipe {owner}; "

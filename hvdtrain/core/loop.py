@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 import hvdtrain
-from hvdtrain.core import compression_state, faults, sharding
+from hvdtrain.core import compression_state, faults, rules, sharding
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager, atomic_write_text
@@ -222,7 +222,9 @@ class Trainer:
         """Train for ``config.train.epochs`` epochs (from the resume point) and return the history."""
         cfg, adapter = self.config, self.adapter
         builder = get_builder(cfg.recipe, cfg.framework)
+        rules.check(cfg)  # the rulebook: what reads only the config, before Horovod starts
         ctx = self.ctx = adapter.init(cfg)
+        rules.check(cfg, rules.World(ctx.size, ctx.mpi, ctx.gpu))  # ... and what needs the job
         with StallWatchdog(cfg.train.stall_timeout_sec, ctx.rank) as self.watchdog:
             return self._fit(builder)
 
@@ -251,6 +253,7 @@ class Trainer:
 
         self.watchdog.beat(0, "building the recipe's model and data")
         task = builder(cfg, ctx)
+        rules.check_task(task, cfg)
         n_train = len(task.train_data)
         if n_train < ctx.size:
             raise TrainingError(f"{n_train} training samples cannot be shared by {ctx.size} workers")

@@ -1,4 +1,5 @@
-"""Pipeline parallelism, the framework-neutral part: layout, cut, schedule, refusals.
+"""Pipeline parallelism, the framework-neutral part: layout, cut, schedule (what may not run
+pipelined is in :mod:`hvdtrain.core.rules`).
 
 With ``parallel.pipeline_stages = S`` the model's ordered blocks are cut into S consecutive
 stages and the N ranks form an S x R grid (R = N / S data-parallel replicas)::
@@ -20,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from hvdtrain.core.config import ConfigError
+from hvdtrain.core.config import ConfigError, parse_cut
+from hvdtrain.core.rules import task_refusal
 
 _PROCESS_SETS: dict[tuple[str, tuple[int, ...]], Any] = {}  # added in this process, by (Horovod module, ranks)
 
@@ -159,23 +161,6 @@ def balanced_cut(costs: Sequence[float], stages: int) -> list[int]:
     return sorted(bounds)
 
 
-def parse_cut(cut: Any) -> str | list[int]:
-    """``parallel.cut`` as ``"balanced"`` or a list of block boundaries (from a list or ``"3,6"``)."""
-    if isinstance(cut, str):
-        text = cut.strip()
-        if text == "balanced":
-            return text
-        text = text.strip("[]")
-        try:
-            return [int(p) for p in text.split(",") if p.strip()]
-        except ValueError:
-            raise ConfigError(f"parallel.cut: {cut!r} is not allowed; use 'balanced' or block boundaries "
-                              f"such as [3] or '3,6'") from None
-    if isinstance(cut, (list, tuple)) and all(isinstance(b, int) and not isinstance(b, bool) for b in cut):
-        return list(cut)
-    raise ConfigError(f"parallel.cut: {cut!r} is not allowed; use 'balanced' or block boundaries such as [3]")
-
-
 def resolve_cut(cut: Any, costs: Sequence[float], stages: int) -> list[int]:
     """The S-1 boundaries for ``parallel.cut`` over blocks with ``costs`` (a manual list is checked:
     S-1 strictly increasing boundaries inside ``1 .. len(costs) - 1``)."""
@@ -199,46 +184,13 @@ def stage_blocks(bounds: Sequence[int], n_blocks: int, stage: int) -> range:
     return range(edges[stage], edges[stage + 1])
 
 
-def refusal(config: Any, world_size: int) -> str | None:
-    """Why ``config`` cannot run pipelined on ``world_size`` ranks (one line), or None."""
-    parallel, train = config.parallel, config.train
-    stages = parallel.pipeline_stages
-    if stages <= 1:
-        return None
-    if train.elastic:
-        return ("parallel.pipeline_stages>1 cannot run with train.elastic=true: Horovod's process sets do not "
-                "survive an elastic reset; turn one of them off")
-    if world_size % stages:
-        return (f"parallel.pipeline_stages={stages} does not divide the world size {world_size}; launch a "
-                f"multiple of {stages} workers or choose a divisor of {world_size}")
-    if train.grad_accumulation != 1:
-        return (f"train.grad_accumulation={train.grad_accumulation} is not supported with pipeline stages; "
-                f"use parallel.micro_batches (the update already sums all micro-batches)")
-    if config.comm.reduction != "average":
-        return (f"comm.reduction={config.comm.reduction!r} is not supported with pipeline stages; "
-                f"use comm.reduction=average")
-    if train.mixed_precision == "fp16":
-        return "train.mixed_precision=fp16 is not supported with pipeline stages; use bf16 or none"
-    if train.batch_size < parallel.micro_batches:
-        return (f"parallel.micro_batches={parallel.micro_batches} is more than train.batch_size="
-                f"{train.batch_size}; every micro-batch needs at least one sample")
-    parse_cut(parallel.cut)
-    return None
-
-
 def model_blocks(task: Any, config: Any) -> list[Any]:
-    """The recipe's model as its ordered blocks (``TrainTask.pipeline_blocks()``), or a ConfigError
-    when the recipe does not say how its model splits into stages, or when it exports its model
-    but checkpoints are off (rank 0 gets the other stages' weights only with the end-of-training
-    checkpoint, and exports after the other ranks are done: found out before training, not after)."""
-    if task.pipeline_blocks is None:
-        raise ConfigError(f"parallel.pipeline_stages={config.parallel.pipeline_stages}: recipe {config.recipe!r} "
-                          f"with model {config.model.name!r} does not say how its model splits into stages "
-                          f"(TrainTask.pipeline_blocks); use parallel.pipeline_stages=1")
-    if task.export is not None and not config.checkpoint.enabled:
-        raise ConfigError(f"parallel.pipeline_stages={config.parallel.pipeline_stages} with checkpoint.enabled=false: "
-                          f"recipe {config.recipe!r} exports its trained model, which rank 0 assembles from the "
-                          f"stages with the final checkpoint; set checkpoint.enabled=true")
+    """The recipe's model as its ordered blocks (``TrainTask.pipeline_blocks()``), or the
+    rulebook's refusal (:func:`hvdtrain.core.rules.task_refusal`) as a ConfigError: found out
+    before training, not after."""
+    problem = task_refusal(task, config)
+    if problem:
+        raise ConfigError(problem)
     return list(task.pipeline_blocks())
 
 
@@ -252,11 +204,3 @@ def tensor_owners(bounds: Sequence[int], blocks: Sequence[Any], stages: int,
             for t in tensors(blocks[b]):
                 owner.setdefault(id(t), s)
     return owner
-
-
-def check(config: Any, world_size: int) -> Layout:
-    """The layout for ``config`` on ``world_size`` ranks, or a ConfigError naming the refusal."""
-    problem = refusal(config, world_size)
-    if problem:
-        raise ConfigError(problem)
-    return Layout.for_world(world_size, config.parallel.pipeline_stages)

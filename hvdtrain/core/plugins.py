@@ -18,43 +18,15 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 import sys
 import traceback
-import warnings
 from pathlib import Path
 
 from hvdtrain.core import registry
+from hvdtrain.core.registry import entry_point_error, load_entry_point_recipes  # noqa: F401 (re-exported)
 
-_entry_points_loaded = False
-_entry_point_errors: dict[str, str] = {}
 _loaded_files: dict[Path, list[str]] = {}
-
-
-def load_entry_point_recipes() -> None:
-    """Import every ``hvdtrain.recipes`` entry point once; failures become warnings."""
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    for ep in importlib.metadata.entry_points(group=registry.ENTRY_POINT_GROUP):
-        if ep.name in registry._RECIPES:
-            continue
-        try:
-            loaded = ep.load()
-            if isinstance(loaded, registry.RecipeSpec):
-                registry.register_spec(loaded)
-        except Exception as exc:  # one broken plugin must not break every command
-            reason = f"recipe {ep.name!r} from entry point {ep.value!r} ({registry.ENTRY_POINT_GROUP}) " \
-                     f"failed to load: {type(exc).__name__}: {exc}"
-            _entry_point_errors[ep.name] = reason
-            warnings.warn(reason, RuntimeWarning, stacklevel=2)
-
-
-def entry_point_error(name: str) -> str | None:
-    """Why the entry-point recipe ``name`` could not be loaded, if it failed."""
-    return _entry_point_errors.get(name)
 
 
 def is_recipe_file(text: str) -> bool:

@@ -8,13 +8,17 @@ framework is a :class:`RecipeError` naming what is known.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hvdtrain.core.config import FRAMEWORKS
+from hvdtrain.core.config import FRAMEWORKS, Schema
 
 BUILTIN_RECIPE_MODULES = ("recipes.image_classification", "recipes.bert_finetune")
 ENTRY_POINT_GROUP = "hvdtrain.recipes"  # installed packages add recipes here (see hvdtrain.core.plugins)
+_entry_points_loaded = False
+_entry_point_errors: dict[str, str] = {}
 
 
 class RecipeError(LookupError):
@@ -118,10 +122,34 @@ def load_builtin_recipes() -> None:
         _builtins_loaded = True
 
 
+def load_entry_point_recipes() -> None:
+    """Import every ``hvdtrain.recipes`` entry point once (see :mod:`hvdtrain.core.plugins`);
+    failures become warnings, and asking for such a recipe repeats the reason."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _RECIPES:
+            continue
+        try:
+            loaded = ep.load()
+            if isinstance(loaded, RecipeSpec):
+                register_spec(loaded)
+        except Exception as exc:  # one broken plugin must not break every command
+            reason = f"recipe {ep.name!r} from entry point {ep.value!r} ({ENTRY_POINT_GROUP}) " \
+                     f"failed to load: {type(exc).__name__}: {exc}"
+            _entry_point_errors[ep.name] = reason
+            warnings.warn(reason, RuntimeWarning, stacklevel=2)
+
+
+def entry_point_error(name: str) -> str | None:
+    """Why the entry-point recipe ``name`` could not be loaded, if it failed."""
+    return _entry_point_errors.get(name)
+
+
 def list_recipes() -> dict[str, RecipeSpec]:
     """All known recipes by name: built-in, from the ``hvdtrain.recipes`` entry points, and registered."""
-    from hvdtrain.core.plugins import load_entry_point_recipes
-
     load_builtin_recipes()
     load_entry_point_recipes()
     return dict(sorted(_RECIPES.items()))
@@ -131,8 +159,6 @@ def get_recipe(name: str) -> RecipeSpec:
     """The recipe called ``name``, or a RecipeError listing the known ones."""
     recipes = list_recipes()
     if name not in recipes:
-        from hvdtrain.core.plugins import entry_point_error
-
         known = ", ".join(recipes) or "none"
         raise RecipeError(entry_point_error(name) or f"unknown recipe {name!r}; known recipes: {known}")
     return recipes[name]
@@ -158,6 +184,21 @@ def moved_elsewhere(recipe: str) -> dict[str, tuple[str, str]]:
     own = recipes[recipe].moved_keys if recipe in recipes else {}
     return {old: (new, name) for name, spec in recipes.items() if name != recipe
             for old, new in spec.moved_keys.items() if old not in own}
+
+
+def config_schema(recipe: str) -> Schema:
+    """What recipe ``recipe`` adds to the config (:class:`~hvdtrain.core.config.Schema`): its
+    sections and moved keys, and what the other known recipes declare (for error messages). A
+    recipe not registered (yet) adds nothing."""
+    recipes = list_recipes()
+    spec = recipes.get(recipe)
+    foreign: dict[str, tuple[str, ...]] = {}
+    for name, other in recipes.items():
+        for section in other.sections:
+            if name != recipe:
+                foreign[section] = (*foreign.get(section, ()), name)
+    return Schema(sections=dict(spec.sections) if spec else {}, moved_keys=dict(spec.moved_keys) if spec else {},
+                  foreign_sections=foreign, foreign_moves=moved_elsewhere(recipe))
 
 
 def get_hook(name: str, hook: str) -> Callable[..., Any]:

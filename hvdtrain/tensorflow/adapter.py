@@ -24,10 +24,10 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
-from hvdtrain.core.comm import overlap_gradients, reduction_problem
-from hvdtrain.core.compression import uses_fp16_allreduce
+from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.launch import prepare_horovod_environment
+from hvdtrain.core.rules import fp16_allreduce
 
 MODEL_FILE = "model_variables.npz"  # every model variable, dropout seed state included
 OPTIMIZER_FILE = "optimizer.npz"  # loss-scale state included (train.mixed_precision=fp16)
@@ -75,14 +75,10 @@ class TensorFlowAdapter(FrameworkAdapter):
         keras.utils.set_random_seed(train_config.seed)
         if train_config.deterministic:
             tf.config.experimental.enable_op_determinism()
-        precision = train_config.mixed_precision
-        if precision == "fp16" and not gpus:
-            raise ConfigError("train.mixed_precision: 'fp16' needs a GPU; use 'bf16' on CPU")
         keras.mixed_precision.set_global_policy(
-            {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[precision])
-        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+            {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[train_config.mixed_precision])
         self._collective_id = 0
-        return self.ctx
+        return self.context()
 
     def prepare(self, task: Any, config: Any) -> None:
         train_config, optim_config = config.train, config.optim
@@ -95,10 +91,7 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
         self.nonfinite = train_config.nonfinite
-        self.compression = hvd.Compression.fp16 if uses_fp16_allreduce(config) else hvd.Compression.none
-        problem = reduction_problem(config.comm, hvd.size(), hvd.mpi_enabled())
-        if problem:
-            raise ConfigError(problem)
+        self.compression = hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none
         self.reduce_op = hvd.Adasum if config.comm.reduction == "adasum" and hvd.size() > 1 else hvd.Average
         threads = tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1)
         self.overlap = overlap_gradients(config.comm, bool(tf.config.list_logical_devices("GPU")), hvd.local_size(),
@@ -264,7 +257,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         global_seed_generator().state.assign(np.asarray(state["keras_global_seed"], dtype=np.int64))
 
     def context(self) -> DistContext:
-        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+                               mpi=hvd.mpi_enabled(), gpu=bool(tf.config.list_logical_devices("GPU")))
         return self.ctx
 
     def snapshot(self) -> Any:

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from hvdtrain.core import pipeline
 from hvdtrain.core.adapter import DistContext, NonFiniteGradientError
-from hvdtrain.core.config import ConfigError
+from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.tensorflow.adapter import (MODEL_FILE, OPTIMIZER_FILE, TensorFlowAdapter, _as_tensor, _load_variables,
                                          _save_variables, offset_seed_states, tf_variables)
 
@@ -69,15 +69,13 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
     def init(self, config: Any) -> DistContext:
         os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"  # process sets are added after hvd.init()
         super().init(config)
-        if config.train.mixed_precision != "none":
-            raise ConfigError(f"train.mixed_precision={config.train.mixed_precision} is not supported with pipeline "
-                              f"stages in TensorFlow; use none")
-        self.layout = pipeline.check(config, hvd.size())
+        self.layout = pipeline.Layout.for_world(hvd.size(), config.parallel.pipeline_stages)
         rank = hvd.rank()
         self.stage, self.replica = self.layout.stage_of(rank), self.layout.replica_of(rank)
         self.stage_set, self.replica_set = self.layout.open_process_sets(hvd, rank)  # None: a single replica
         self.ctx = DistContext(rank, hvd.size(), hvd.local_rank(), hvd.local_size(),
-                               replica=self.replica, replicas=self.layout.replicas)
+                               replica=self.replica, replicas=self.layout.replicas, mpi=hvd.mpi_enabled(),
+                               gpu=bool(tf.config.list_logical_devices("GPU")))
         return self.ctx
 
     def context(self) -> DistContext:
@@ -101,7 +99,7 @@ class TensorFlowPipelineAdapter(TensorFlowAdapter):
         self.micro_batches = config.parallel.micro_batches
         self.grad_clip_norm = config.optim.grad_clip_norm
         self.nonfinite = config.train.nonfinite
-        self.compression = hvd.Compression.fp16 if config.train.fp16_allreduce else hvd.Compression.none
+        self.compression = hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none
         self.accumulation, self.overlap = 1, False
         self.first, self.last = self.stage == 0, self.stage == stages - 1
         self._pending: dict[str, Any] | None = None

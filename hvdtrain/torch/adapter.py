@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
-from hvdtrain.core.comm import overlap_gradients, reduction_problem
-from hvdtrain.core.compression import uses_fp16_allreduce
+from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.launch import prepare_horovod_environment
+from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch.compression import ExchangeOptimizer, exchange_optimizer
 
 MODEL_FILE = "model.pt"
@@ -64,10 +64,7 @@ class TorchAdapter(FrameworkAdapter):
             torch.backends.cudnn.benchmark = not train_config.deterministic
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        if train_config.mixed_precision == "fp16" and self.device.type != "cuda":
-            raise ConfigError("train.mixed_precision: 'fp16' needs a GPU; use 'bf16' on CPU")
-        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
-        return self.ctx
+        return self.context()
 
     def prepare(self, task: Any, config: Any) -> None:
         train_config, optim_config = config.train, config.optim
@@ -81,16 +78,8 @@ class TorchAdapter(FrameworkAdapter):
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
         self.nonfinite = train_config.nonfinite
-        compression = hvd.Compression.fp16 if uses_fp16_allreduce(config) else hvd.Compression.none
-        self.adasum = config.comm.reduction == "adasum" and hvd.size() > 1
-        if self.adasum:
-            problem = reduction_problem(config.comm, hvd.size(), hvd.mpi_enabled())
-            if problem is None and (optim_config.grad_clip_norm is not None or train_config.mixed_precision == "fp16"):
-                problem = ("comm.reduction: 'adasum' combines each worker's optimizer update, so torch cannot also "
-                           "use optim.grad_clip_norm or train.mixed_precision=fp16 (gradient scaling); unset those "
-                           "or use comm.reduction=average")
-            if problem:
-                raise ConfigError(problem)
+        compression = hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none
+        self.adasum = config.comm.reduction == "adasum" and hvd.size() > 1  # hvdtrain.core.rules allowed it
         self.overlap = overlap_gradients(config.comm, self.device.type == "cuda", hvd.local_size(),
                                          torch.get_num_threads(), os.cpu_count() or 1)
         # PowerSGD, top-k or local SGD: hvdtrain's own exchange (hvdtrain.torch.compression); else Horovod's
@@ -249,7 +238,8 @@ class TorchAdapter(FrameworkAdapter):
             torch.cuda.set_rng_state(torch.tensor(state["torch_cuda"], dtype=torch.uint8))
 
     def context(self) -> DistContext:
-        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+                               mpi=hvd.mpi_enabled(), gpu=self.device.type == "cuda")
         return self.ctx
 
     def snapshot(self) -> Any:

@@ -30,6 +30,7 @@ import torch
 
 from hvdtrain.core import pipeline
 from hvdtrain.core.adapter import DistContext, NonFiniteGradientError
+from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch.adapter import MODEL_FILE, OPTIMIZER_FILE, TorchAdapter
 
 TRANSFER_DTYPE = torch.float32
@@ -81,12 +82,13 @@ class TorchPipelineAdapter(TorchAdapter):
     def init(self, config: Any) -> DistContext:
         os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"  # process sets are added after hvd.init()
         super().init(config)
-        self.layout = pipeline.check(config, hvd.size())  # refusals, before anything is built
+        self.layout = pipeline.Layout.for_world(hvd.size(), config.parallel.pipeline_stages)
         rank = hvd.rank()
         self.stage, self.replica = self.layout.stage_of(rank), self.layout.replica_of(rank)
         self.stage_set, self.replica_set = self.layout.open_process_sets(hvd, rank)  # None: a single replica
         self.ctx = DistContext(rank, hvd.size(), hvd.local_rank(), hvd.local_size(),
-                               replica=self.replica, replicas=self.layout.replicas)
+                               replica=self.replica, replicas=self.layout.replicas, mpi=hvd.mpi_enabled(),
+                               gpu=self.device.type == "cuda")
         return self.ctx
 
     def context(self) -> DistContext:
@@ -131,7 +133,7 @@ class TorchPipelineAdapter(TorchAdapter):
         self.micro_batches = config.parallel.micro_batches
         self.grad_clip_norm = config.optim.grad_clip_norm
         self.nonfinite = config.train.nonfinite
-        self.compression = hvd.Compression.fp16 if config.train.fp16_allreduce else hvd.Compression.none
+        self.compression = hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none
         self.autocast_dtype = {"bf16": torch.bfloat16}.get(config.train.mixed_precision)
         self.scaler = None
         self.accumulation = 1

@@ -12,9 +12,18 @@ import pytest
 from hvdtrain.core import timeline
 from hvdtrain.core.bench import (BenchResult, format_result, format_scaling, scaling_efficiency, summarize,
                                  t_quantile, timed_iterations)
-from hvdtrain.core.config import ConfigError, load_config
+from hvdtrain.core.config import ConfigError
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.comm import horovod_comm_variables, overlap_gradients, reduction_problem
 from hvdtrain.core.launch import prepare_horovod_environment
+
+from envguard import isolate_environ
+
+# what prepare_horovod_environment writes to os.environ: the comm section's variables, and the Gloo
+# controller for a process started without a launcher
+HOROVOD_COMM_VARIABLES = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_TIMELINE", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE",
+                          "HOROVOD_AUTOTUNE_LOG", "HOROVOD_TIMELINE_MARK_CYCLES")
+LONE_PROCESS_VARIABLES = ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
 
 
 def test_summary_uses_student_t_interval():
@@ -92,15 +101,14 @@ def test_comm_config_becomes_horovod_variables(tmp_path, monkeypatch):
         "HOROVOD_FUSION_THRESHOLD": str(32 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_AUTOTUNE": "1",
         "HOROVOD_AUTOTUNE_LOG": f"{tmp_path}/tune/log.csv", "HOROVOD_TIMELINE": f"{tmp_path}/trace/t.json",
         "HOROVOD_TIMELINE_MARK_CYCLES": "1"}
-    for name in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_TIMELINE", "HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE",
-                 "HOROVOD_AUTOTUNE_LOG", "HOROVOD_TIMELINE_MARK_CYCLES"):
-        monkeypatch.delenv(name, raising=False)
+    isolate_environ(monkeypatch, (*HOROVOD_COMM_VARIABLES, *LONE_PROCESS_VARIABLES))  # the code sets them itself
     prepare_horovod_environment(config)
     assert os.environ["HOROVOD_TIMELINE"] == f"{tmp_path}/trace/t.json" and (tmp_path / "trace").is_dir()
     assert (tmp_path / "tune").is_dir()
 
 
 def test_unset_comm_options_leave_launcher_variables_alone(monkeypatch):
+    isolate_environ(monkeypatch, (*HOROVOD_COMM_VARIABLES, *LONE_PROCESS_VARIABLES))
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1234")
     config = load_config(None)
     assert horovod_comm_variables(config.comm) == {}

@@ -8,7 +8,8 @@ import pytest
 
 from hvdtrain.core.compression import CommPlan, comm_plan, compressible, effective_rank, initial_q, matrix_shape, \
     topk_count, uses_fp16_allreduce
-from hvdtrain.core.config import ConfigError, load_config
+from hvdtrain.core.config import ConfigError
+from hvdtrain.core.resolve import load_config
 
 
 def test_defaults_leave_horovods_allreduce_in_charge():

@@ -8,9 +8,8 @@ import dataclasses
 import pytest
 import yaml
 
-from hvdtrain.core.config import (FRAMEWORKS, CheckpointConfig, ConfigError, DataConfig, ModelConfig,
-                                  OptimConfig, RunConfig, TrainConfig, dump_yaml, load_config, parse_override,
-                                  read_file, to_dict, validate)
+from hvdtrain.core.config import (FRAMEWORKS, CheckpointConfig, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig, dump_yaml, parse_override, read_file, to_dict, validate)
+from hvdtrain.core.resolve import load_config
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "train": TrainConfig,
             "checkpoint": CheckpointConfig}

@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from hvdtrain.core import pipeline
-from hvdtrain.core.config import ConfigError, load_config
+from hvdtrain.core.config import ConfigError
+from hvdtrain.core.resolve import load_config
 
 
 def test_layout_maps_every_rank_to_one_stage_and_replica():

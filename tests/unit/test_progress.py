@@ -7,7 +7,7 @@ import io
 import pytest
 
 from hvdtrain.core.adapter import DistContext
-from hvdtrain.core.config import load_config
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.progress import CLEAR_LINE, ProgressBar, format_duration, render_bar
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 import hvdtrain
-from hvdtrain.core.config import ConfigError, describe_keys, load_config, to_dict
+from hvdtrain.core.config import ConfigError, describe_keys, to_dict
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.registry import define_recipe, unregister_recipe
 
 NAME = "test-sections-recipe"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hvdtrain.core.config import load_config
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.schedule import LRSchedule, build_schedule, scale_lr, schedule_step
 
 BASE, PEAK = 0.1, 0.8

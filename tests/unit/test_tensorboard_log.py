@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 from hvdtrain.core.adapter import DistContext
-from hvdtrain.core.config import load_config
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.tensorboard_log import TensorBoardCallback, event_files, read_scalars
 from hvdtrain.core.visibility import default_callbacks
 

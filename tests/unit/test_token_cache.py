@@ -16,6 +16,8 @@ from hvdtrain import DistContext, load_config
 from recipes.bert_finetune import DEFAULTS, common, pretrained, text_data, text_sources, token_cache, tokenized
 from recipes.bert_finetune.text_data import TextDataError
 
+from envguard import isolate_environ
+
 pytest.importorskip("tokenizers")
 
 TRAIN, VAL = text_data.embedded_movie_reviews(max_train=300)
@@ -232,8 +234,7 @@ def test_tokenizer_threads_divide_the_cores(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert tokenized.tokenizer_threads(None, 1) == 8 and tokenized.tokenizer_threads(None, 3) == 2
     assert tokenized.tokenizer_threads(None, 16) == 1 and tokenized.tokenizer_threads(5, 4) == 5
-    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
-    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    isolate_environ(monkeypatch, ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM"))  # limit_threads sets them
     tokenized.limit_threads(1)
     assert os.environ["RAYON_NUM_THREADS"] == "1" and os.environ["TOKENIZERS_PARALLELISM"] == "false"
 
@@ -244,7 +245,7 @@ def test_hub_download_once_per_host_order(monkeypatch, tmp_path):
     monkeypatch.setattr(pretrained, "_download",
                         lambda name, offline=False: events.append(("offline" if offline else "online", name))
                         or tmp_path)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    isolate_environ(monkeypatch, ("HF_HUB_OFFLINE",))  # download_once_per_host sets it
     barrier = lambda: events.append(("barrier",))  # noqa: E731
     pretrained.download_once_per_host("org/model", DistContext(rank=2, size=4, local_rank=0, local_size=2), barrier)
     assert events == [("online", "org/model"), ("barrier",)] and "HF_HUB_OFFLINE" not in os.environ

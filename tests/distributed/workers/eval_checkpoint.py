@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdtrain.core.adapter import load_adapter
-from hvdtrain.core.config import load_config
+from hvdtrain.core.resolve import load_config
 from hvdtrain.core.registry import get_builder
 
 OUTPUT, CHECKPOINT, REPORT = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]

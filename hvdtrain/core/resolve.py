@@ -1,0 +1,33 @@
+"""A run's config resolved the way every entry point needs it: the recipe's own sections from the
+registry, then the rulebook's verdict.
+
+:mod:`hvdtrain.core.config` knows no recipe and no rule that spans sections; this module joins it
+to the recipe registry (:func:`hvdtrain.core.registry.config_schema`) and to the rulebook
+(:mod:`hvdtrain.core.rules`). The CLI, :func:`hvdtrain.run` and tests call :func:`load_config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hvdtrain.core import config as _config
+from hvdtrain.core import rules
+from hvdtrain.core.registry import config_schema
+
+
+def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None = None,
+                overrides: list[str] | tuple[str, ...] = (), **top: Any) -> _config.RunConfig:
+    """Resolve a :class:`~hvdtrain.core.config.RunConfig` (dataclass defaults < recipe ``defaults``
+    < ``file`` < ``top`` < ``overrides``; see :func:`hvdtrain.core.config.load_config`) with the
+    sections of the recipe in force, and refuse a combination the rulebook refuses."""
+    config = _config.load_config(defaults, file, overrides, schema=config_schema, **top)
+    rules.check(config)
+    return config
+
+
+def validate(config: _config.RunConfig) -> _config.RunConfig:
+    """Check a config object built by hand: every section's own keys, then the rulebook."""
+    _config.validate(config)
+    rules.check(config)
+    return config
