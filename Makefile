@@ -1,6 +1,7 @@
 # hvdtrain: the two commands the README promises.
 #   make demo   set up (idempotent) and train the image recipe on 2 ranks, torch and TensorFlow, on MNIST
 #   make test   set up (idempotent) and run the whole test suite
+#   make test-fast   set up (idempotent) and run the fast lane: unit tests and the in-process Trainer tests (under 3 minutes)
 #   make docker-cpu   build the CPU image hvdtrain:cpu (scripts/docker-build.sh; README: Docker images)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,7 +12,7 @@ NP ?= 2
 DEMO_OUT ?= runs/demo
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-torch demo-tensorflow test test-unit bench clean docker-cpu test-cluster
+.PHONY: setup demo demo-torch demo-tensorflow test test-unit test-fast bench clean docker-cpu test-cluster
 
 setup:
 	bash scripts/install.sh
@@ -24,6 +25,10 @@ test: setup
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+# no horovodrun job: tests/unit plus the Trainer's rules run in-process on a NumPy adapter (tests/fast)
+test-fast: setup
+	$(PY) -m pytest tests/unit tests/fast -q $(PYTEST_ARGS)
 
 # the benchmark suite (about 12 minutes on 2 cores; not part of test): BENCHMARKS.md + benchmarks/benchmarks.png
 bench: setup

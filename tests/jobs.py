@@ -15,8 +15,12 @@ BIN = Path(sys.executable).parent
 
 
 def job_env() -> dict[str, str]:
-    """Environment for launched jobs: the venv first on PATH, Open MPI allowed to run as root."""
-    env = dict(os.environ)
+    """Environment for launched jobs: the venv first on PATH, Open MPI allowed to run as root.
+
+    No ``HOROVOD_*`` variable is inherited: whatever this process (or an earlier test, or the shell)
+    has set would silently change every later job (``HOROVOD_AUTOTUNE`` left behind once made elastic
+    workers segfault). A test that needs one passes it in :func:`run`'s ``env``, applied on top."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("HOROVOD_")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}",

@@ -14,7 +14,8 @@ from hvdtrain.core.bench import (BenchResult, format_result, format_scaling, sca
                                  t_quantile, timed_iterations)
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.resolve import load_config
-from hvdtrain.core.comm import horovod_comm_variables, overlap_gradients, reduction_problem
+from hvdtrain.core import rules
+from hvdtrain.core.comm import horovod_comm_variables, overlap_gradients
 from hvdtrain.core.launch import prepare_horovod_environment
 
 from envguard import isolate_environ
@@ -127,13 +128,13 @@ def test_bad_comm_values_are_named(override, message):
         load_config(None, overrides=[override])
 
 
-def test_reduction_problem():
-    comm = load_config(None, overrides=["comm.reduction=adasum"]).comm
-    assert reduction_problem(comm, 1, False) is None
-    assert reduction_problem(comm, 4, True) is None
-    assert "MPI controller" in reduction_problem(comm, 2, False)
-    assert "power-of-2" in reduction_problem(comm, 3, True)
-    assert reduction_problem(load_config(None).comm, 3, False) is None
+def test_adasum_needs_mpi_and_a_power_of_two():
+    config = load_config(None, overrides=["comm.reduction=adasum"])
+    assert rules.adasum_needs_mpi(config, rules.World(1)) is None
+    assert rules.adasum_needs_mpi(config, rules.World(4, mpi=True)) is None
+    assert "MPI controller" in rules.adasum_needs_mpi(config, rules.World(2))
+    assert "power-of-2" in rules.adasum_needs_mpi(config, rules.World(3, mpi=True))
+    assert rules.adasum_needs_mpi(load_config(None), rules.World(3)) is None
 
 
 @pytest.mark.parametrize("setting, gpu, workers, threads, cores, expected", [

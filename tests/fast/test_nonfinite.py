@@ -1,0 +1,62 @@
+"""train.nonfinite: a NaN gradient stops the run naming the step (error) or drops the update (skip).
+
+The NaN comes from the data: recipe toy's ``nan_samples`` are NaN in epoch ``nan_epoch``. With
+``data.shuffle=false`` the epoch's order is the samples' order, so sample ``8 * k + j`` is read by
+micro-batch ``k + 1`` of the epoch (batches of 8, 12 per epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from numpy_adapter import load_weights, register_toy_recipe
+from toyrun import fit
+
+from hvdtrain.core.loop import TrainingError
+
+pytestmark = pytest.mark.nonfinite
+
+
+def test_error_stops_naming_the_step_and_writes_no_checkpoint_for_it(tmp_path):
+    register_toy_recipe(nan_samples=[8 * 4 + 3], nan_epoch=1)  # epoch 2, batch 5: optimizer step 12 + 5
+    with pytest.raises(TrainingError, match=r"\bstep 17\b") as stopped:
+        fit(tmp_path, "data.shuffle=false", "checkpoint.every_steps=4", "checkpoint.keep_last=100")
+    assert "epoch 2" in str(stopped.value)
+    written = [p for p in (tmp_path / "checkpoints").iterdir()]
+    assert sorted(p.name for p in written) == ["epoch-0001", "step-00000004", "step-00000008", "step-00000016"]
+    for path in written:  # nothing at or after the bad step, nothing half-written
+        assert not path.name.startswith(".")
+        assert int(json.loads((path / "manifest.json").read_text())["step"]) <= 16
+    metrics = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert len(metrics) == 1  # epoch 1 only
+
+
+def test_error_on_the_first_step_leaves_no_checkpoint(tmp_path):
+    register_toy_recipe(nan_samples=[0], nan_epoch=0)
+    with pytest.raises(TrainingError, match=r"\bstep 1\b"):
+        fit(tmp_path, "data.shuffle=false", "checkpoint.every_steps=1")
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+@pytest.mark.parametrize("accumulation, skipped", [(1, 2), (2, 2)])
+def test_skip_drops_the_updates_and_counts_them(tmp_path, accumulation, skipped):
+    register_toy_recipe(nan_samples=[8 * 4 + 3, 8 * 9], nan_epoch=1)  # epoch 2, batches 5 and 10
+    run = fit(tmp_path, "data.shuffle=false", "train.nonfinite=skip", f"train.grad_accumulation={accumulation}")
+    first, second = run.metrics()
+    assert "skipped_updates" not in first and second["skipped_updates"] == skipped
+    assert run.result.final["skipped_updates"] == skipped
+    assert len(run.adapter.applied_lrs) == 2 * 12 // accumulation - skipped  # the others were applied
+    assert all(np.isfinite(a).all() for a in load_weights(run.result.checkpoint).values())
+    assert math.isfinite(second["val_loss"])
+    assert run.names() == ["epoch-0001", "epoch-0002"]
+
+
+def test_skip_without_bad_gradients_reports_nothing(tmp_path):
+    run = fit(tmp_path, "train.nonfinite=skip")
+    assert all("skipped_updates" not in r for r in run.metrics())
+    assert len(run.adapter.applied_lrs) == 24
+    assert not re.search("skipped", (tmp_path / "metrics.jsonl").read_text())
