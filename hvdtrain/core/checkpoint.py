@@ -5,7 +5,7 @@ Layout::
     OUTPUT/checkpoints/epoch-0002/
         manifest.json      format version, recipe, framework, epoch, step, world size, config,
                            versions, and the SHA-256 of every payload file
-        <payload files>    framework-native (model.pt / optimizer.pt, model.weights.h5 / ...)
+        <payload files>    framework-native (model.pt / optimizer.pt, model_variables.npz / optimizer.npz)
 
 A checkpoint is first written under ``.tmp-<name>-<pid>``, every file is flushed and fsynced,
 then the folder is renamed into place and the parent directory fsynced; a crash at any point

@@ -54,7 +54,8 @@ def _exchange_key(config: Any) -> str | None:
 
 
 def _fp16_key(config: Any) -> str:
-    return "comm.compression=fp16" if config.comm.compression == "fp16" else "train.fp16_allreduce=true"
+    """The key the user set for fp16 on the wire (the alias is named when it was the one set)."""
+    return "train.fp16_allreduce=true" if config.train.fp16_allreduce else "comm.compression=fp16"
 
 
 # -- rules that read only the config -------------------------------------------------------------
@@ -90,8 +91,8 @@ def adasum_with_update_rewrites(config: Any) -> str | None:
 def local_sgd_with_compression(config: Any) -> str | None:
     """Local SGD exchanges parameters, not gradients: nothing to compress."""
     comm = config.comm
-    if comm.local_sgd_steps > 1 and (comm.compression != "none" or config.train.fp16_allreduce):
-        other = f"comm.compression={comm.compression}" if comm.compression != "none" else "train.fp16_allreduce=true"
+    if comm.local_sgd_steps > 1 and (comm.compression != "none" or fp16_allreduce(config)):
+        other = f"comm.compression={comm.compression}" if comm.compression in COMPRESSORS else _fp16_key(config)
         return (f"comm.local_sgd_steps={comm.local_sgd_steps} exchanges parameters, not gradients, so it cannot be "
                 f"combined with {other}; use comm.compression=none and train.fp16_allreduce=false, or "
                 f"comm.local_sgd_steps=1")

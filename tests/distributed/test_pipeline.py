@@ -100,17 +100,35 @@ REFUSED = [
     (2, ["--set", "parallel.pipeline_stages=2", "--set", "train.elastic=true"], "train.elastic=true"),
     (2, ["--set", "parallel.pipeline_stages=2", "--set", "train.grad_accumulation=2"],
      "train.grad_accumulation=2 is not supported with pipeline stages"),
+    (4, ["--set", "parallel.pipeline_stages=2", "--set", "comm.compression=powersgd"],
+     "parallel.pipeline_stages=2 cannot be combined with comm.compression=powersgd"),
+    (4, ["--set", "parallel.pipeline_stages=2", "--set", "comm.local_sgd_steps=4"],
+     "parallel.pipeline_stages=2 cannot be combined with comm.local_sgd_steps=4"),
 ]
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("np_,extra,reason", REFUSED, ids=["world-size", "too-few-blocks", "elastic", "accumulation"])
+@pytest.mark.parametrize("np_,extra,reason", REFUSED, ids=["world-size", "too-few-blocks", "elastic", "accumulation",
+                                                           "powersgd", "local-sgd"])
 def test_refused_combinations_name_the_reason(tmp_path, np_, extra, reason):
     out = tmp_path / "run"
     proc = horovodrun(recipe(out, "--epochs", "1", *extra), np=np_, check=False, timeout=180)
     assert proc.returncode != 0
     assert reason in proc.stdout + proc.stderr
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+
+
+@pytest.mark.distributed
+def test_stages_send_fp16_gradients_when_asked(tmp_path):
+    """comm.compression=fp16 (and its alias train.fp16_allreduce) reaches the stages' allreduce: the
+    same run ends with other weights than the uncompressed one (float16 rounding of every gradient)."""
+    runs = {}
+    for name, extra in (("plain", []), ("fp16", ["--set", "comm.compression=fp16"])):
+        out = tmp_path / name
+        horovodrun(recipe(out, "--epochs", "1", "--set", "data.max_train_samples=256", *PIPE, *extra), np=4)
+        runs[name] = checkpoint_weights(out / "checkpoints" / "epoch-0001", "torch")
+    differ = [k for k in runs["plain"] if not np.array_equal(runs["plain"][k], runs["fp16"][k])]
+    assert differ, "comm.compression=fp16 left the pipelined run bitwise unchanged: it was not applied"
 
 
 @pytest.mark.distributed

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from hvdtrain.core.compression import CommPlan, comm_plan, compressible, effective_rank, initial_q, matrix_shape, \
-    topk_count, uses_fp16_allreduce
+    topk_count
+from hvdtrain.core.rules import fp16_allreduce as uses_fp16_allreduce
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.resolve import load_config
 

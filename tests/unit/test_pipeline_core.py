@@ -7,6 +7,8 @@ import itertools
 import pytest
 
 from hvdtrain.core import pipeline
+from hvdtrain.core import config as _config
+from hvdtrain.core import rules
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.resolve import load_config
 
@@ -113,18 +115,19 @@ def test_stage_blocks():
     ("parallel.micro_batches=128", 4, "parallel.micro_batches=128 is more than train.batch_size=64"),
 ])
 def test_refusals_name_the_reason(override, world, reason):
-    config = load_config(overrides=["parallel.pipeline_stages=4" if world == 6 else "parallel.pipeline_stages=2",
-                                    *([override] if override else [])])
-    assert reason in pipeline.refusal(config, world)
+    overrides = ["parallel.pipeline_stages=4" if world == 6 else "parallel.pipeline_stages=2",
+                 *([override] if override else [])]
+    config = _config.load_config(overrides=overrides)  # the sections' own checks only
+    assert reason in rules.refusal(config, rules.World(world, mpi=True, gpu=True))
     with pytest.raises(ConfigError, match="parallel.pipeline_stages|not supported|more than"):
-        pipeline.check(config, world)
+        rules.check(config, rules.World(world, mpi=True, gpu=True))
 
 
 def test_supported_config_gives_the_layout():
     config = load_config(overrides=["parallel.pipeline_stages=2", "parallel.micro_batches=4"])
-    assert pipeline.refusal(config, 4) is None
-    assert pipeline.check(config, 4) == pipeline.Layout(2, 2)
-    assert pipeline.refusal(load_config(), 3) is None  # one stage: nothing to refuse
+    assert rules.refusal(config, rules.World(4)) is None
+    assert pipeline.Layout.for_world(4, 2) == pipeline.Layout(2, 2)
+    assert rules.refusal(load_config(), rules.World(3)) is None  # one stage: nothing to refuse
 
 
 def test_bad_cut_is_a_config_error():

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from hvdtrain.cli import main
-from hvdtrain.core import plugins
+from hvdtrain.core import plugins, registry
 from hvdtrain.core.registry import RecipeError, get_recipe, list_recipes, unregister_recipe
 
 RECIPE_SOURCE = '''
@@ -89,8 +89,8 @@ def test_entry_point_recipes_are_listed_and_broken_ones_explained(tmp_path, name
     _install_plugin(tmp_path, f"hvdtrain_{module}", {good: module, broken: f"{module}_broken"},
                     {module: RECIPE_SOURCE.format(name=good), f"{module}_broken": "raise ImportError('needs foo')\n"})
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(plugins, "_entry_points_loaded", False)
-    monkeypatch.setattr(plugins, "_entry_point_errors", {})
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    monkeypatch.setattr(registry, "_entry_point_errors", {})
     with pytest.warns(RuntimeWarning, match=f"recipe '{broken}' from entry point"):
         recipes = list_recipes()
     assert good in recipes and recipes[good].description == "from a file"
