@@ -8,15 +8,52 @@ snapshots ``os.environ`` before each test, and after it (its fixtures' teardown,
 undo included) puts the snapshot back and fails the test naming every variable it added, changed
 or removed. Tests that need a variable set it with ``monkeypatch.setenv``/``delenv``; code under
 test that writes ``os.environ`` itself is isolated with :func:`envguard.isolate_environ`.
+
+Markers (registered in ``pyproject.toml``) are given here by place, so that one feature's tests,
+unit, in-process and real-job alike, are selected together (``pytest -m resume``): every test in a
+folder of real ``horovodrun`` jobs is ``distributed``; tests/fast is ``fast`` (its conftest); the
+files below carry their feature's marker.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from envguard import environ_changes, restore_environ
+
+TESTS = Path(__file__).resolve().parent
+JOB_FOLDERS = ("distributed", "reliability", "cluster")  # every test launches real horovodrun jobs
+FEATURES = {  # test file (relative to tests/) -> its feature markers; tests/fast files mark themselves
+    "unit/test_checkpoint.py": ("checkpoint",),
+    "unit/test_schedule.py": ("lr_schedule",),
+    "unit/test_faults_parse.py": ("faults",),
+    "unit/test_compression_config.py": ("compression",),
+    "unit/test_pipeline_blocks.py": ("pipeline",),
+    "unit/test_pipeline_core.py": ("pipeline",),
+    "reliability/test_exact_resume.py": ("resume",),
+    "reliability/test_world_size_changes.py": ("resume",),
+    "reliability/test_compression_resume.py": ("resume", "compression"),
+    "reliability/test_elastic.py": ("elastic",),
+    "reliability/test_faults.py": ("faults",),
+    "distributed/test_compression.py": ("compression",),
+    "distributed/test_pipeline.py": ("pipeline",),
+    "distributed/test_pipeline_bert.py": ("pipeline",),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            where = Path(str(item.path)).resolve().relative_to(TESTS)
+        except ValueError:
+            continue
+        if where.parts[0] in JOB_FOLDERS and item.get_closest_marker("distributed") is None:
+            item.add_marker(pytest.mark.distributed)
+        for name in FEATURES.get(where.as_posix(), ()):
+            item.add_marker(getattr(pytest.mark, name))
 
 
 @pytest.fixture(autouse=True)
