@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.core import timeline
+from hvdtrain.tools import timeline
 
 median = statistics.median
 

@@ -23,7 +23,7 @@ import torch
 
 import common  # noqa: F401  (puts the repository on sys.path)
 import horovod.torch as hvd
-from hvdtrain.core.bench import BenchSettings
+from hvdtrain.tools.bench import BenchSettings
 from hvdtrain.core.resolve import load_config
 from hvdtrain.torch.adapter import TorchAdapter
 from hvdtrain.torch.bench import synthetic_task, to_device

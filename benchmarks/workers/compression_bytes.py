@@ -11,7 +11,7 @@ import sys
 import time
 
 import common  # noqa: F401  (puts the repository on sys.path)
-from hvdtrain.core.bench import BenchSettings
+from hvdtrain.tools.bench import BenchSettings
 from hvdtrain.core.resolve import load_config
 
 WARMUP, STEPS = 2, 6

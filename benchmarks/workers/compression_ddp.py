@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 import common
 import horovod.torch as hvd
 from compression_bytes import wchar
-from hvdtrain.core.bench import BenchSettings
+from hvdtrain.tools.bench import BenchSettings
 from hvdtrain.core.resolve import load_config
 from hvdtrain.core.schedule import build_schedule
 from hvdtrain.torch.adapter import TorchAdapter

@@ -25,7 +25,7 @@ import horovod.torch as hvd
 import torch
 
 import hvdtrain
-from hvdtrain.core import timeline
+from hvdtrain.tools import timeline
 from hvdtrain.core.callbacks import Callback
 
 out_path, label, args = sys.argv[1], sys.argv[2], sys.argv[3:]

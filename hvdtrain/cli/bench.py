@@ -39,7 +39,7 @@ def _hvdtrain_command() -> list[str]:
 
 def _launch_each(sizes: list[int], controller: str, args: list[str]) -> list:
     """Run this benchmark under ``horovodrun -np N`` for each N; return the results."""
-    from hvdtrain.core.bench import BenchResult, format_result
+    from hvdtrain.tools.bench import BenchResult, format_result
 
     horovodrun = Path(sys.executable).parent / "horovodrun"
     launcher = str(horovodrun) if horovodrun.exists() else (shutil.which("horovodrun") or "horovodrun")
@@ -94,7 +94,7 @@ def bench_command(framework, model, recipe, batch_size, image_size, channels, nu
                   json_file, quiet) -> None:
     """Synthetic training benchmark: a fixed random batch through hvdtrain's adapter (warm-up, then
     timed iterations); prints samples/s per worker (mean and 95% interval) and in total."""
-    from hvdtrain.core.bench import BenchSettings, format_result, format_scaling, run_bench
+    from hvdtrain.tools.bench import BenchSettings, format_result, format_scaling, run_bench
     from hvdtrain.core.launch import under_launcher
 
     try:

@@ -21,7 +21,7 @@ def env_command(hosts, ssh_port, ssh_identity_file, as_json) -> None:
     versions side by side; exit 1 naming the hosts whose hvdtrain, Python, torch, TensorFlow,
     Keras or Horovod version differs, or a host SSH cannot reach. Run it before a multi-host job.
     """
-    from hvdtrain.core import environment
+    from hvdtrain.tools import environment
 
     if as_json:
         click.echo(json.dumps(environment.versions()))

@@ -173,7 +173,7 @@ def format_table(versions: dict[str, dict[str, str]]) -> str:
 
 def worker_identity() -> dict[str, str]:
     """What one rank tells the others at the start of a job: its host and versions."""
-    from hvdtrain.core.environment import versions
+    from hvdtrain.tools.environment import versions
 
     return {"host": socket.gethostname(), **versions()}
 

@@ -20,7 +20,7 @@ import statistics
 import pytest
 
 from jobs import REPO, hvdtrain_cli, horovodrun, run
-from hvdtrain.core import timeline
+from hvdtrain.tools import timeline
 
 TINY_BENCH = ["--model", "small_cnn", "--image-size", "16", "--channels", "1", "--batch-size", "8",
               "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "3", "--threads", "1",

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from hvdtrain.core import timeline
-from hvdtrain.core.bench import (BenchResult, format_result, format_scaling, scaling_efficiency, summarize,
+from hvdtrain.tools import timeline
+from hvdtrain.tools.bench import (BenchResult, format_result, format_scaling, scaling_efficiency, summarize,
                                  t_quantile, timed_iterations)
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.resolve import load_config
