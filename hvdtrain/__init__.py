@@ -13,7 +13,7 @@ Recipes are registered with :func:`define_recipe` and :func:`register_recipe`. F
     result = hvdtrain.run("image-classification", framework="torch", np=2, train__epochs=1)
 """
 
-__version__ = "0.1.0"
+from hvdtrain._version import __version__
 
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, FrameworkMissingError, load_adapter

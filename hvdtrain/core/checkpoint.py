@@ -17,6 +17,10 @@ samples of the next epoch's order consumed), which means the same for any number
 "latest" and pruning follow that order, so a resume on another world size never makes an older
 checkpoint look newer. Step checkpoints are named by the optimizer updates taken, a count that is
 carried across resumes and only grows, so names never repeat.
+
+:meth:`CheckpointManager.latest` is the one place that finds the checkpoint a resume uses: the
+newest whose payload matches its checksums, reporting each newer damaged one it skipped;
+:meth:`CheckpointManager.set_aside` then moves those out of the way (kept, never deleted).
 """
 
 from __future__ import annotations
@@ -121,16 +125,26 @@ class CheckpointManager:
                     found.append(info)
         return sorted(found, key=lambda c: c.progress)
 
-    def latest(self, problems: list[str] | None = None) -> CheckpointInfo | None:
+    def latest(self, problems: list[str] | None = None,
+               damaged: list[CheckpointInfo] | None = None) -> CheckpointInfo | None:
         """The newest checkpoint whose files match their checksums, or None. Each newer checkpoint
-        that fails verification is described in ``problems`` (when given) and skipped."""
+        that fails verification is skipped: described in ``problems`` and appended to ``damaged``
+        (when given), newest first, for :meth:`set_aside`."""
         for info in reversed(self.checkpoints()):
             problem = self.verify(info.path, info.manifest)
             if problem is None:
                 return info
             if problems is not None:
                 problems.append(problem)
+            if damaged is not None:
+                damaged.append(info)
         return None
+
+    def set_aside(self, damaged: list[CheckpointInfo]) -> list[str]:
+        """:meth:`quarantine` each checkpoint :meth:`latest` found damaged, out of the way of the
+        checkpoints a run will write; returns one line per checkpoint saying where it went."""
+        return [f"moved damaged checkpoint {info.path.name} aside to {self.quarantine(info).name}"
+                for info in damaged]
 
     @staticmethod
     def verify(path: Path, manifest: dict[str, Any]) -> str | None:

@@ -10,7 +10,8 @@ the rest of the epoch resharded over the new world size. The LR is the schedule'
 the samples seen, with the peak scaled for the new global batch (the schedule follows the position
 in the data, not the optimizer-step counter). When a host comes
 back, the next commit notices, the job re-forms with it, and it receives the state. Samples
-between the last commit and a failure are trained again; none are skipped.
+between the last commit and a failure are trained again; none are skipped. :func:`commit_due`
+is the commit cadence.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ from hvdtrain.core.rank0 import RankZeroGate
 # A failed collective inside a tf.function surfaces as TensorFlow's UnknownError with one of these
 # in its message, not as Horovod's HorovodInternalError (which Horovod's elastic loop expects).
 COLLECTIVE_FAILURE_MARKERS = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast", "Horovod has been shut down")
+
+
+def commit_due(config: Any, step: int, applied: bool, checkpointed: bool) -> bool:
+    """Whether to commit after this micro-batch (optimizer step ``step``): in elastic mode, after an
+    update, every ``train.elastic_commit_every`` steps and at every checkpoint too, so a rollback
+    never replays past a written one."""
+    return bool(applied and config.train.elastic
+                and (checkpointed or step % config.train.elastic_commit_every == 0))
 
 
 def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:

@@ -11,7 +11,8 @@ Set ``HVDTRAIN_FAULT`` to one or more comma-separated faults, ``KIND[:rank=R][:s
 * ``crash-in-checkpoint``  exit abruptly after a checkpoint's files are written, before the
   rename that publishes it (step S: the first checkpoint at or after that step).
 
-Without the variable every function here is a no-op.
+Without the variable every function here is a no-op. The training loop fires them through the
+:class:`FaultInjection` callback, before each micro-batch's train step.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
+
+from hvdtrain.core.callbacks import Callback
 
 KINDS = ("raise", "kill", "hang", "slow", "nan", "crash-in-checkpoint")
 FIELDS = ("rank", "step", "ms")
@@ -91,3 +95,19 @@ def crash_before_publish(step: int) -> None:
     """Exit at once, leaving a checkpoint written but not renamed into place."""
     if any(f.kind == "crash-in-checkpoint" and (f.step is None or step >= f.step) for f in _FAULTS):
         os._exit(17)
+
+
+class FaultInjection(Callback):
+    """Fires the faults due before each micro-batch's train step on this rank: ``raise``, ``kill``,
+    ``hang`` and ``slow`` (:func:`before_step`), and ``nan``, which poisons the step's loss weight
+    so its gradients are NaN whatever the inputs' dtype."""
+
+    rank = 0
+
+    def on_train_begin(self, ctx: Any, info: dict[str, Any]) -> None:
+        self.rank = ctx.rank  # again after an elastic re-form: faults name the rank of the moment
+
+    def on_step_begin(self, epoch: int, step: int, logs: dict[str, Any]) -> None:
+        before_step(self.rank, logs["global_step"])
+        if active("nan", self.rank, logs["global_step"]):
+            logs["weight"] = float("nan")

@@ -6,7 +6,8 @@ under the Gloo controller. :class:`StallWatchdog` is a daemon thread on every ra
 loop reports progress (``beat``) and whether the rank is about to wait in collectives
 (``phase``). If no progress is made for ``timeout`` seconds, every rank prints what it was doing
 (``waiting in collectives`` for the ranks that arrived, anything else for the ranks that did not)
-and exits, so the launcher tears the job down.
+and exits, so the launcher tears the job down. :class:`WatchdogCallback` reports the training
+steps' progress; the loop beats directly around evaluation, checkpoints and start-up.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import os
 import sys
 import threading
 import time
+from typing import Any
+
+from hvdtrain.core.callbacks import Callback
 
 STALL_EXIT_CODE = 75
 
@@ -55,3 +59,30 @@ class StallWatchdog:
                 # so the report of the rank that did not is the one the launcher names.
                 time.sleep(3.0 if arrived else 1.0)
                 os._exit(STALL_EXIT_CODE)
+
+
+class WatchdogCallback(Callback):
+    """Beats ``watchdog`` around each micro-batch: the step's user code (``inner``'s
+    ``on_step_begin`` runs then, e.g. fault injection), the train step's collectives, the next
+    batch's loading."""
+
+    def __init__(self, watchdog: StallWatchdog, inner: Callback | None = None):
+        self.watchdog, self.inner = watchdog, inner or Callback()
+
+    def on_train_begin(self, ctx: Any, info: dict[str, Any]) -> None:
+        self.inner.on_train_begin(ctx, info)
+
+    def on_step_begin(self, epoch: int, step: int, logs: dict[str, Any]) -> None:
+        self.watchdog.beat(logs["global_step"], "running the training step's user code")
+        self.inner.on_step_begin(epoch, step, logs)
+        self.watchdog.beat(logs["global_step"], "waiting in collectives (gradient allreduce)")
+
+    def on_step_end(self, epoch: int, step: int, logs: dict[str, Any]) -> None:
+        self.watchdog.beat(logs["global_step"], "loading the next batch")
+        self.inner.on_step_end(epoch, step, logs)
+
+    def on_epoch_end(self, epoch: int, record: dict[str, Any]) -> None:
+        self.inner.on_epoch_end(epoch, record)
+
+    def on_train_end(self, result: Any) -> None:
+        self.inner.on_train_end(result)

@@ -1,0 +1,101 @@
+"""The run's checkpoint policy: when a checkpoint is due, and what one holds.
+
+A step checkpoint is due every ``checkpoint.every_steps`` optimizer steps, except on an epoch's
+last micro-batch (the epoch checkpoint that follows covers it); an epoch checkpoint is written
+after every evaluation when ``checkpoint.enabled``. :meth:`CheckpointPolicy.save` is a sequence of
+collectives, so every rank calls it at the same step: the running statistics (BatchNorm) are
+averaged, every rank's RNG state, partial totals and gradient-exchange state are gathered, and
+rank 0 writes model, optimizer, ``rank_state.json`` and the manifest through the
+:class:`~hvdtrain.core.checkpoint.CheckpointManager`, atomically.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hvdtrain._version import __version__
+from hvdtrain.core import compression_state
+from hvdtrain.core.checkpoint import CheckpointManager
+from hvdtrain.core.config import RunConfig, to_dict
+from hvdtrain.core.errors import TrainingError
+from hvdtrain.core.resume import RANK_STATE_FILE, Position, capture_rng
+
+
+def framework_version(framework: str) -> str:
+    """The installed version of ``framework``'s package (the manifest records it), or "unknown"."""
+    names = {"torch": ("torch",), "tensorflow": ("tensorflow-cpu", "tensorflow", "tensorflow_cpu")}[framework]
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+class CheckpointPolicy:
+    """Decides when this run checkpoints and writes the checkpoints (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, manager: CheckpointManager, adapter: Any, watchdog: Any):
+        self.config, self.manager, self.adapter, self.watchdog = config, manager, adapter, watchdog
+
+    def due(self, step: int, applied: bool, last_in_epoch: bool) -> bool:
+        """Whether a step checkpoint is due after this micro-batch (optimizer step ``step``)."""
+        every = self.config.checkpoint.every_steps
+        return bool(applied and every and step % every == 0 and not last_in_epoch)
+
+    def maybe_save(self, ctx: Any, position: Position, stats: Any, applied: bool, last_in_epoch: bool) -> bool:
+        """Write step checkpoint ``step-<step>`` if :meth:`due`; returns whether it did (on every rank)."""
+        if not self.due(position.step, applied, last_in_epoch):
+            return False
+        self.save(ctx, f"step-{position.step:08d}", position, stats.totals(), None)
+        return True
+
+    def at_epoch_end(self, ctx: Any, position: Position, record: dict[str, Any]) -> Path | None:
+        """Write epoch checkpoint ``epoch-<epoch>`` (when ``checkpoint.enabled``) and add its cost to
+        ``record`` as ``checkpoint_sec``; returns its path on rank 0, else None."""
+        if not self.config.checkpoint.enabled:
+            return None
+        started = time.perf_counter()
+        saved = self.save(ctx, f"epoch-{position.epoch:04d}", position, {"loss_sum": 0.0, "samples": 0}, record)
+        record["checkpoint_sec"] = time.perf_counter() - started  # rank 0: gather + write
+        return saved
+
+    def save(self, ctx: Any, name: str, position: Position, totals: dict[str, Any],
+             record: dict[str, Any] | None) -> Path | None:
+        """Collect every rank's RNG state and partial ``totals`` (a collective: all ranks call this at the
+        same step), then rank 0 writes checkpoint ``name`` atomically. Returns its path on rank 0."""
+        cfg, adapter = self.config, self.adapter
+        if record is None:  # an epoch-end checkpoint follows the evaluation, which already averaged them
+            adapter.sync_model_buffers()  # distributed: every rank's BatchNorm statistics -> their mean
+        mine = {"rng": {**capture_rng(), "framework": adapter.rng_state()}, **totals}
+        self.watchdog.beat(position.step, "waiting in collectives (checkpoint)")
+        rank_states = adapter.allgather_object(mine)  # distributed
+        # -- the gradient exchange's per-rank state (error buffers, Q, local-SGD replicas) --
+        comm_states = compression_state.gather(adapter)  # distributed
+        adapter.gather_state()  # distributed: pipeline stages bring their state to rank 0
+        if not ctx.is_main:
+            return None
+        self.watchdog.beat(position.step, "writing a checkpoint")
+        if not adapter.state_is_finite():
+            raise TrainingError(f"model parameters are not finite at optimizer step {position.step}; "
+                                f"refusing to write checkpoint {name}")
+
+        def write(directory: Path) -> None:
+            adapter.save_state(directory)
+            compression_state.write(directory, comm_states)
+            (directory / RANK_STATE_FILE).write_text(json.dumps(rank_states))
+
+        manifest = {"kind": "epoch" if record is not None else "step", "epoch": position.epoch,
+                    "consumed": position.consumed, "step": position.step, "recipe": cfg.recipe,
+                    "framework": cfg.framework, "world_size": ctx.size, "batch_size": cfg.train.batch_size,
+                    "config": to_dict(cfg), "metrics": record, "hvdtrain_version": __version__,
+                    "framework_version": framework_version(cfg.framework)}
+        try:
+            return self.manager.save(name, write, manifest).path
+        except Exception as exc:  # OSError from us, RuntimeError from torch.save, ... on a full disk
+            raise TrainingError(f"could not write checkpoint {name} in {self.manager.directory}: {exc}; "
+                                f"nothing partial was left and earlier checkpoints are intact") from None
