@@ -3,10 +3,10 @@
 It draws only when its stream is a terminal and the process was not started by a launcher, so
 logs, pipes, ``horovodrun``'s forwarded output and notebooks stay clean: Open MPI (which
 ``horovodrun`` uses when it is installed) gives every worker a pseudo-terminal and prefixes and
-forwards what it writes, so a bar's redraws would land in the log. Under a launcher the loop's
-``train.log_every`` progress lines are the progress report; ``HVDTRAIN_PROGRESS_BAR=1`` asks for
-the bar anyway (``=0`` never draws it). It clears itself before the loop prints a
-``train.log_every`` line or an epoch summary, so those lines are never garbled.
+forwards what it writes, so a bar's redraws would land in the log. Under a launcher the
+``train.log_every`` lines (:class:`~hvdtrain.core.visibility.StepLog`) are the progress report;
+``HVDTRAIN_PROGRESS_BAR=1`` asks for the bar anyway (``=0`` never draws it). It clears itself
+before such a line or an epoch summary is printed, so those lines are never garbled.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class ProgressBar(Callback):
         if not self.active:
             return
         done, total = step + 1, logs["steps"]
-        if self.log_every and done % self.log_every == 0:  # the loop prints a line right after this
+        if self.log_every and done % self.log_every == 0:  # StepLog prints a line right after this
             self._clear()
             return
         now = time.perf_counter()
