@@ -195,6 +195,30 @@ def test_truncated_payload_is_detected(tmp_path):
     assert manager.latest().path == first.path
 
 
+def test_latest_reports_the_damaged_newer_checkpoints_and_set_aside_keeps_them(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=5)
+    first = save(manager, "epoch-0001", 1, 10)
+    second = save(manager, "epoch-0002", 2, 20)
+    third = save(manager, "epoch-0003", 3, 30)
+    (third.path / "model.bin").write_bytes(b"truncated")
+    (second.path / "optimizer.bin").unlink()
+    problems: list[str] = []
+    damaged: list[CheckpointInfo] = []
+    assert manager.latest(problems, damaged).path == first.path
+    assert [info.path for info in damaged] == [third.path, second.path]  # newest first
+    assert "epoch-0003" in problems[0] and "model.bin" in problems[0] and "SHA-256" in problems[0]
+    assert "epoch-0002" in problems[1] and "optimizer.bin" in problems[1] and "missing" in problems[1]
+    assert names_on_disk(tmp_path) == ["epoch-0001", "epoch-0002", "epoch-0003"]  # finding moves nothing
+
+    notes = manager.set_aside(damaged)
+    assert [n.split(" aside to ")[0] for n in notes] == ["moved damaged checkpoint epoch-0003",
+                                                         "moved damaged checkpoint epoch-0002"]
+    on_disk = names_on_disk(tmp_path)
+    assert on_disk[-1] == "epoch-0001" and len(on_disk) == 3
+    assert all(n.split(" aside to ")[1] in on_disk for n in notes)  # kept, renamed out of the way
+    assert [c.path for c in manager.checkpoints()] == [first.path]
+
+
 def test_atomic_write_text_replaces_content_without_leftovers(tmp_path):
     target = tmp_path / "config.yaml"
     atomic_write_text(target, "first\n")

@@ -24,3 +24,27 @@ def test_slow_fires_from_its_step_on_and_others_only_at_it():
     assert [slow.matches("slow", 0, s) for s in (4, 5, 9)] == [False, True, True]
     assert [kill.matches("kill", 0, s) for s in (4, 5, 9)] == [False, True, False]
     assert not slow.matches("slow", 1, 7) and not slow.matches("kill", 0, 7)
+
+
+def test_fault_injection_callback_poisons_the_weight_and_raises_on_its_rank_and_step(monkeypatch):
+    from types import SimpleNamespace
+
+    from hvdtrain.core import faults
+
+    monkeypatch.setattr(faults, "_FAULTS", parse_faults("nan:rank=1:step=3,raise:rank=1:step=5"))
+    callback = faults.FaultInjection()
+    callback.on_train_begin(SimpleNamespace(rank=1), {})
+    weights = []
+    for step in range(5):
+        logs = {"global_step": step, "weight": 0.5}
+        callback.on_step_begin(0, step, logs)
+        weights.append(logs["weight"])
+    assert weights[:3] + weights[4:] == [0.5] * 4 and weights[3] != weights[3]  # NaN at step 3 only
+    with pytest.raises(faults.InjectedFault, match="rank 1 at step 5"):
+        callback.on_step_begin(0, 5, {"global_step": 5, "weight": 0.5})
+
+    callback.on_train_begin(SimpleNamespace(rank=0), {})  # another rank (or after an elastic re-form)
+    logs = {"global_step": 3, "weight": 0.5}
+    callback.on_step_begin(0, 3, logs)
+    callback.on_step_begin(0, 5, {"global_step": 5, "weight": 0.5})
+    assert logs["weight"] == 0.5
