@@ -9,6 +9,10 @@ from typing import Iterable
 import pytest
 
 
+# what library code sets in os.environ itself (setdefault), for isolate_environ
+CLI_VARIABLES = ("TF_CPP_MIN_LOG_LEVEL",)  # hvdtrain.cli: quiets TensorFlow's start-up chatter
+TOKENIZER_VARIABLES = ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")  # recipes.bert_finetune.tokenized
+
 # pytest itself sets this one to the running test and phase
 IGNORED = frozenset({"PYTEST_CURRENT_TEST"})
 

@@ -11,7 +11,7 @@ from hvdtrain.core.schedule import build_schedule, schedule_step
 pytestmark = pytest.mark.lr_schedule
 
 SAMPLES, BATCH = 96, 8
-SCHEDULE = ("optim.warmup_epochs=0.5", "optim.decay=cosine", "optim.min_lr_ratio=0.1", "train.epochs=3")
+SCHEDULE = ("optim.warmup_epochs=0.5", "optim.decay=cosine", "optim.min_lr_ratio=0.1", "train.epochs=2")
 
 
 def expected_lrs(config, epochs: int) -> list[float]:
@@ -39,17 +39,17 @@ def test_every_update_uses_the_schedule_at_its_position(tmp_path, accumulation):
     overrides = (*SCHEDULE, f"train.grad_accumulation={accumulation}")
     seen = StepLRs()
     run = fit(tmp_path, *overrides, callbacks=[seen])
-    expected = expected_lrs(toy_config(tmp_path, *overrides), 3)
+    expected = expected_lrs(toy_config(tmp_path, *overrides), 2)
     assert run.adapter.applied_lrs == pytest.approx(expected, rel=1e-12)
-    assert len(set(expected)) > 10  # warmup and decay: the LR does change
+    assert len(set(expected)) > 8  # warmup and decay: the LR does change
     # the loop's report after every micro-batch: the LR of the update its window belongs to
-    assert [lr for _, lr in seen.seen] == pytest.approx([expected[i // accumulation] for i in range(3 * 12)],
+    assert [lr for _, lr in seen.seen] == pytest.approx([expected[i // accumulation] for i in range(2 * 12)],
                                                         rel=1e-12)
     # metrics.jsonl: the LR of each epoch's last update
     steps = 12 // accumulation
-    assert [r["lr"] for r in run.metrics()] == pytest.approx([expected[steps * e - 1] for e in (1, 2, 3)],
+    assert [r["lr"] for r in run.metrics()] == pytest.approx([expected[steps * e - 1] for e in (1, 2)],
                                                               rel=1e-12)
-    assert [r["step"] for r in run.metrics()] == [steps, 2 * steps, 3 * steps]
+    assert [r["step"] for r in run.metrics()] == [steps, 2 * steps]
 
 
 class Interrupt(Exception):

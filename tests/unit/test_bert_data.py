@@ -16,7 +16,14 @@ from hvdtrain import DistContext, load_config
 from recipes.bert_finetune import DEFAULTS, common, pretrained, text_data, tokenized
 from recipes.bert_finetune.text_data import TextDataError
 
+from envguard import TOKENIZER_VARIABLES, isolate_environ
+
 pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(autouse=True)
+def _tokenizer_environ(monkeypatch):
+    isolate_environ(monkeypatch, TOKENIZER_VARIABLES)  # tokenising sets them in this process
 
 ROWS = [("a fine film", "pos"), ("dull and slow", "neg"), ("great fun", "pos"), ("a mess", "neg")]
 

@@ -14,6 +14,8 @@ from hvdtrain.cli import main
 from hvdtrain.core import plugins, registry
 from hvdtrain.core.registry import RecipeError, get_recipe, list_recipes, unregister_recipe
 
+from envguard import CLI_VARIABLES, isolate_environ
+
 RECIPE_SOURCE = '''
 import hvdtrain
 
@@ -67,7 +69,8 @@ def test_bad_recipe_files_are_named(tmp_path, source, needle):
     assert str(path) in str(err.value) and needle in str(err.value)
 
 
-def test_cli_names_a_missing_recipe_file(tmp_path):
+def test_cli_names_a_missing_recipe_file(tmp_path, monkeypatch):
+    isolate_environ(monkeypatch, CLI_VARIABLES)  # the CLI sets TF_CPP_MIN_LOG_LEVEL in this process
     result = CliRunner().invoke(main, ["recipe", str(tmp_path / "nope.py")])
     assert result.exit_code == 2
     assert f"recipe file {tmp_path / 'nope.py'} does not exist" in result.output

@@ -9,6 +9,13 @@ from click.testing import CliRunner
 from hvdtrain.cli import main
 from hvdtrain.reporting import ReportError, render_report
 
+from envguard import CLI_VARIABLES, isolate_environ
+
+
+@pytest.fixture(autouse=True)
+def _cli_environ(monkeypatch):
+    isolate_environ(monkeypatch, CLI_VARIABLES)  # the CLI sets TF_CPP_MIN_LOG_LEVEL in this process
+
 
 @pytest.mark.parametrize("content,needle", [
     (None, "has no metrics.jsonl"),

@@ -16,9 +16,14 @@ from hvdtrain import DistContext, load_config
 from recipes.bert_finetune import DEFAULTS, common, pretrained, text_data, text_sources, token_cache, tokenized
 from recipes.bert_finetune.text_data import TextDataError
 
-from envguard import isolate_environ
+from envguard import TOKENIZER_VARIABLES, isolate_environ
 
 pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(autouse=True)
+def _tokenizer_environ(monkeypatch):
+    isolate_environ(monkeypatch, TOKENIZER_VARIABLES)  # tokenising sets them in this process
 
 TRAIN, VAL = text_data.embedded_movie_reviews(max_train=300)
 
@@ -234,7 +239,6 @@ def test_tokenizer_threads_divide_the_cores(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert tokenized.tokenizer_threads(None, 1) == 8 and tokenized.tokenizer_threads(None, 3) == 2
     assert tokenized.tokenizer_threads(None, 16) == 1 and tokenized.tokenizer_threads(5, 4) == 5
-    isolate_environ(monkeypatch, ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM"))  # limit_threads sets them
     tokenized.limit_threads(1)
     assert os.environ["RAYON_NUM_THREADS"] == "1" and os.environ["TOKENIZERS_PARALLELISM"] == "false"
 

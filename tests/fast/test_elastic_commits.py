@@ -1,0 +1,81 @@
+"""Elastic mode's commit decisions, in-process: when the state is committed, and what a failure rolls back.
+
+Horovod's elastic driver (``horovod.common.elastic.run_fn``) runs in this process with one worker and
+no rendezvous: a collective failure is stood in for by the adapter raising ``HorovodInternalError``
+before an update, which rolls the run back to the last commit. Needs Horovod's Python package
+(installed by ``make setup``), no launcher.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from numpy_adapter import NumpyAdapter
+from toyrun import fit
+
+pytestmark = pytest.mark.elastic
+
+exceptions = pytest.importorskip("horovod.common.exceptions")
+pytest.importorskip("horovod.common.elastic")
+
+
+class ElasticNumpyAdapter(NumpyAdapter):
+    """Counts updates, records the update count at every commit (``snapshot``) and rollback
+    (``restore_snapshot``), and fails once before update ``fail_before``."""
+
+    def __init__(self, fail_before: int | None = None) -> None:
+        super().__init__()
+        self.updates, self.fail_before = 0, fail_before
+        self.commits: list[int] = []
+        self.rollbacks: list[int] = []
+        self.resets = 0
+
+    def train_step(self, inputs, targets, apply_update=True, weight=None):
+        if apply_update and self.fail_before == self.updates + 1:
+            self.fail_before = None
+            raise exceptions.HorovodInternalError(f"injected collective failure before update {self.updates + 1}")
+        loss = super().train_step(inputs, targets, apply_update, weight)
+        self.updates += int(apply_update)
+        return loss
+
+    def snapshot(self):
+        self.commits.append(self.updates)
+        return (super().snapshot(), self.updates, copy.copy(self.applied_lrs))
+
+    def restore_snapshot(self, snapshot):
+        inner, self.updates, self.applied_lrs = snapshot
+        super().restore_snapshot(inner)
+        self.rollbacks.append(self.updates)
+
+    def elastic_reset(self):
+        self.resets += 1
+
+
+def commits_after_start(adapter: ElasticNumpyAdapter) -> list[int]:
+    """The distinct update counts at which the state was committed once training ran."""
+    return sorted({c for c in adapter.commits if c > 0})
+
+
+@pytest.mark.parametrize("every, checkpoint_every, expected", [
+    (5, 0, [5, 10, 12, 15, 20, 24]),  # every 5 updates, and at each epoch end (12, 24)
+    (5, 4, [4, 5, 8, 10, 12, 15, 16, 20, 24]),  # and at every step checkpoint (4, 8, 16, 20)
+])
+def test_commits_every_n_updates_at_checkpoints_and_epoch_ends(tmp_path, every, checkpoint_every, expected):
+    adapter = ElasticNumpyAdapter()
+    run = fit(tmp_path, "train.elastic=true", f"train.elastic_commit_every={every}",
+              f"checkpoint.every_steps={checkpoint_every}", "checkpoint.keep_last=100", adapter=adapter)
+    assert commits_after_start(adapter) == expected
+    assert adapter.rollbacks == [] and adapter.resets == 0
+    assert [r["epoch"] for r in run.metrics()] == [1, 2]
+
+
+def test_a_failure_rolls_back_to_the_last_commit_and_redoes_only_what_followed(tmp_path):
+    adapter = ElasticNumpyAdapter(fail_before=8)
+    run = fit(tmp_path, "train.elastic=true", "train.elastic_commit_every=5", "checkpoint.keep_last=100",
+              adapter=adapter)
+    assert adapter.rollbacks == [5] and adapter.resets == 1  # back to the commit at update 5
+    assert adapter.updates == 24  # counted from the restored state: no update lost or repeated in the result
+    assert len(adapter.applied_lrs) == 24
+    assert [r["epoch"] for r in run.metrics()] == [1, 2] and [r["step"] for r in run.metrics()] == [12, 24]
+    assert run.names() == ["epoch-0001", "epoch-0002"]
