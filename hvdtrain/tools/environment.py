@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+from hvdtrain._version import __version__
+
 
 def _version(*names: str) -> str:
     for name in names:
@@ -56,10 +58,8 @@ def _mpirun_version() -> str:
 
 def versions() -> dict[str, str]:
     """What must agree across the hosts of one job (``hvdtrain env --json``; Python as major.minor)."""
-    import hvdtrain
-
     return {
-        "hvdtrain": hvdtrain.__version__,
+        "hvdtrain": __version__,
         "python": ".".join(platform.python_version_tuple()[:2]),
         "torch": _version("torch"),
         "tensorflow": _version("tensorflow-cpu", "tensorflow", "tensorflow_cpu"),
@@ -72,12 +72,10 @@ def versions() -> dict[str, str]:
 
 def describe_environment() -> str:
     """A plain-text block with everything a bug report needs."""
-    import hvdtrain
-
     build = horovod_build()
     mark = lambda key: "[X]" if build.get(key) else "[ ]"  # noqa: E731
     lines = [
-        f"hvdtrain:       {hvdtrain.__version__}",
+        f"hvdtrain:       {__version__}",
         f"python:         {sys.version.split()[0]} ({sys.executable})",
         f"platform:       {platform.platform()}",
         f"cpus:           {os.cpu_count()}",
