@@ -157,32 +157,17 @@ class FrameworkAdapter(ABC):
     def load_state(self, directory: Path) -> None:
         """Read model and optimizer state written by :meth:`save_state`."""
 
-    # Gradient compression and local SGD (hvdtrain.core.compression): the adapter sets comm_exchange
-    # in prepare() when the run uses them; these hooks are no-ops otherwise.
-    comm_exchange: Any = None
-
-    def comm_state(self) -> dict[str, Any] | None:
-        """This rank's exchange state (error buffers, Q matrices, counters, local-SGD replica) as
-        NumPy arrays for the checkpoint; None when the run has no such state."""
-        return None if self.comm_exchange is None else self.comm_exchange.comm_state()
-
-    def load_comm_state(self, state: dict[str, Any]) -> None:
-        """Continue from what :meth:`comm_state` returned on this rank (same world size)."""
-        if self.comm_exchange is not None:
-            self.comm_exchange.load_comm_state(state)
-
-    def reset_comm_state(self, reason: str) -> None:
-        """Start the exchange state afresh (a world-size change), saying so on rank 0."""
-        if self.comm_exchange is not None:
-            self.comm_exchange.reset_comm_state()
-            if self.context().is_main:
-                print(f"hvdtrain: {reason}: gradient-compression / local-SGD state starts afresh", flush=True)
+    # The gradient exchange (hvdtrain.core.exchange): set by prepare(); the update calls its reduce()
+    # and after_update(), hvdtrain.core.compression_state its state(), load_state() and reset().
+    # None where an adapter exchanges gradients its own way (pipeline stages).
+    exchange: Any = None
 
     def sync_replicas(self) -> None:
         """Local SGD: average the workers' models now (a collective; before evaluations). Otherwise
         the replicas are equal already and nothing happens."""
-        if self.comm_exchange is not None:
-            self.comm_exchange.sync_replicas()
+        if self.exchange is not None:
+            self.exchange.sync_replicas()
+
     def gather_state(self) -> None:
         """Collective on every rank just before rank 0 saves a checkpoint: an adapter whose state is
         spread over ranks (pipeline stages) brings it to rank 0 here. Default: nothing to do."""

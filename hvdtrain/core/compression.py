@@ -6,7 +6,8 @@ may not be combined with is in :mod:`hvdtrain.core.rules`), how a gradient
 is viewed as a matrix, its PowerSGD rank and the seeded initial ``Q``, how many entries top-k
 keeps, and when local SGD averages. The arithmetic runs in :mod:`hvdtrain.torch.compression` and
 :mod:`hvdtrain.tensorflow.compression`, which follow the same steps so that both frameworks give
-the same update on the same gradients.
+the same update on the same gradients; each is a gradient exchange (:mod:`hvdtrain.core.exchange`)
+that both adapters call at the same points of their update.
 
 PowerSGD (Vogels et al., NeurIPS 2019; as PyTorch's ``powerSGD_hook``), per gradient matrix ``G``
 (``rows`` = the output dimension, the rest flattened) on every worker ``i``::
@@ -36,8 +37,9 @@ allreduce. ``local_sgd_steps=1`` is synchronous SGD: the ordinary gradient allre
 
 State that a resumed run needs (error buffers, ``Q``, step counters, and under local SGD each
 worker's own parameters and optimizer state between averagings) is per worker; the checkpoint
-keeps every worker's copy (:mod:`hvdtrain.core.compression_state`). A different world size, or
-an elastic re-formation, starts it afresh and says so.
+keeps every worker's copy (:mod:`hvdtrain.core.compression_state`; the keys, the same in both
+frameworks, are listed in :mod:`hvdtrain.core.exchange`). A different world size, or an elastic
+re-formation, starts it afresh and says so.
 """
 
 from __future__ import annotations

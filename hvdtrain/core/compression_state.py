@@ -1,10 +1,14 @@
-"""Gradient-compression and local-SGD state in the exact-resume checkpoint.
+"""The gradient exchange's per-rank state in the exact-resume checkpoint.
 
 Error-feedback buffers, and local SGD's replicas between averagings, differ from worker to worker,
 so the checkpoint keeps every worker's copy: :func:`gather` collects them (a collective, at the
-step every rank checkpoints), :func:`write` stores them as one ``comm_state.npz`` beside the model,
-and :func:`restore` hands each worker its own copy after the model broadcast. A checkpoint from a
-different world size, or one without the file, starts the state afresh and the run says so.
+step every rank checkpoints), :func:`write` stores them as one ``comm_state.npz`` beside the model
+(``<rank>/<key>``; the keys are listed in :mod:`hvdtrain.core.exchange`, the same in both
+frameworks), and :func:`restore` hands each worker its own copy after the model broadcast. A
+checkpoint from a different world size, or one without the file, starts the state afresh
+(:func:`reset`) and the run says so. The adapter's exchange is ``adapter.exchange``
+(:class:`~hvdtrain.core.exchange.GradientExchange`); an exchange that keeps no state (Horovod's
+allreduce) writes no file and costs no collective.
 """
 
 from __future__ import annotations
@@ -15,17 +19,36 @@ from typing import Any
 import numpy as np
 
 from hvdtrain.core.compression import describe
+from hvdtrain.core.exchange import STATE_FORMAT
 
 STATE_FILE = "comm_state.npz"
+
+
+def _stateful(adapter: Any) -> Any:
+    """The adapter's exchange if it keeps per-rank state (the same answer on every rank), else None."""
+    exchange = getattr(adapter, "exchange", None)
+    return exchange if exchange is not None and exchange.keeps_state else None
 
 
 def gather(adapter: Any) -> list[dict[str, np.ndarray]] | None:
     """Every rank's exchange state, indexed by rank (a collective on runs that have such state;
     None, with no communication, on the others)."""
-    mine = adapter.comm_state()
-    if mine is None:
+    exchange = _stateful(adapter)
+    if exchange is None:
         return None
+    mine = {**exchange.state(), "format": np.asarray(STATE_FORMAT)}
     return adapter.allgather_object(mine)  # distributed
+
+
+def reset(adapter: Any, reason: str) -> None:
+    """Start the exchange state afresh (another world size, an elastic re-formation), saying so on
+    rank 0; nothing happens for an exchange without state."""
+    exchange = _stateful(adapter)
+    if exchange is None:
+        return
+    exchange.reset()
+    if adapter.context().is_main:
+        print(f"hvdtrain: {reason}: gradient-compression / local-SGD state starts afresh", flush=True)
 
 
 def write(directory: Path, states: list[dict[str, np.ndarray]] | None) -> None:
@@ -56,7 +79,7 @@ def restore(adapter: Any, plan: dict[str, Any], rank: int, size: int, collective
 
     A checkpoint from another world size, without the state, or an elastic job (whose workers come
     and go) starts the state afresh and says so on rank 0."""
-    exchange = adapter.comm_exchange
+    exchange = _stateful(adapter)
     if exchange is None:
         return
     if rank == 0:
@@ -65,13 +88,13 @@ def restore(adapter: Any, plan: dict[str, Any], rank: int, size: int, collective
         return
     saved_size = int(plan["manifest"].get("world_size", size))
     if not collective:
-        adapter.reset_comm_state("elastic job")
+        reset(adapter, "elastic job")
         return
     states = read(Path(plan["checkpoint"])) if rank == 0 else None
     states = adapter.broadcast_object(states)  # distributed
     if saved_size != size or states is None or len(states) != size:
         why = (f"the checkpoint was written by {saved_size} workers, this job has {size}" if saved_size != size
                else "the checkpoint holds no gradient-compression / local-SGD state")
-        adapter.reset_comm_state(why)
+        reset(adapter, why)
         return
-    adapter.load_comm_state(states[rank])
+    exchange.load_state(states[rank])

@@ -2,8 +2,9 @@
 
 Horovod 0.28.1's TF helpers predate Keras 3: they expect ``tf.Variable`` where Keras 3 has
 ``keras.Variable`` wrappers, and ``horovod.tensorflow.keras`` silently skips the allreduce with
-Keras 3 optimizers. This adapter therefore drives training with ``tf.GradientTape`` +
-``hvd.DistributedGradientTape`` in a ``tf.function`` and hands Horovod the wrapped
+Keras 3 optimizers. This adapter therefore drives training with ``tf.GradientTape`` in a ``tf.function``
+whose gradients go through the run's gradient exchange (:mod:`hvdtrain.core.exchange`; by default
+the reduction ``hvd.DistributedGradientTape`` applies) and hands Horovod the wrapped
 ``tf.Variable`` (``v.value``) of every Keras variable.
 
 With ``train.mixed_precision=fp16`` the optimizer is wrapped in Keras's ``LossScaleOptimizer``:
@@ -23,11 +24,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain.core import compression_state
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
 from hvdtrain.core.comm import overlap_gradients
+from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
+from hvdtrain.tensorflow.compression import Allreduce, build_exchange, tf_variables
 
 MODEL_FILE = "model_variables.npz"  # every model variable, dropout seed state included
 OPTIMIZER_FILE = "optimizer.npz"  # loss-scale state included (train.mixed_precision=fp16)
@@ -42,11 +46,6 @@ def offset_seed_states(states: list[Any], index: int) -> None:
         state.assign(state.value + tf.constant([SEED_STRIDE * index, 0], dtype=state.dtype))
 
 
-def tf_variables(variables: list[Any]) -> list[tf.Variable]:
-    """The ``tf.Variable`` behind each Keras 3 variable (what Horovod's TF ops accept)."""
-    return [getattr(v, "value", v) if not isinstance(v, tf.Variable) else v for v in variables]
-
-
 def _as_tensor(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: tf.convert_to_tensor(v) for k, v in value.items()}
@@ -54,7 +53,8 @@ def _as_tensor(value: Any) -> Any:
 
 
 class TensorFlowAdapter(FrameworkAdapter):
-    """Gradients allreduced by ``hvd.DistributedGradientTape`` (optional fp16 compression, average or
+    """Gradients exchanged by the run's :mod:`~hvdtrain.core.exchange` (by default Horovod's
+    allreduce as ``hvd.DistributedGradientTape`` runs it: optional fp16 compression, average or
     Adasum; with gradient accumulation, local sums then one grouped allreduce); variables broadcast
     from rank 0."""
 
@@ -106,9 +106,15 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.optimizer.build(self.trainable)  # create slots now so they can be broadcast
         self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tf_variables(self.trainable)] \
             if self.accumulation > 1 else []
-        from hvdtrain.tensorflow.compression import comm_exchange  # PowerSGD, top-k, local SGD (or None)
-
-        self.comm_exchange = comm_exchange(self, config)
+        # The gradient exchange (hvdtrain.core.exchange) the step calls between the tape's gradients
+        # and the update: Horovod's allreduce (what DistributedGradientTape runs; after accumulation
+        # one fused allreduce), or hvdtrain's PowerSGD, top-k or local SGD.
+        plan = comm_plan(config)
+        if plan is None:
+            groups = self.gradient_groups if self.accumulation == 1 else (None if self.reduce_op == hvd.Adasum else 1)
+            self.exchange = Allreduce(self.trainable, self.compression, self.reduce_op, groups)
+        else:
+            self.exchange = build_exchange(plan, self.trainable, self.model, self.optimizer)
         self._train_apply = tf.function(self._apply_step, reduce_retracing=True)
         self._train_accumulate = tf.function(self._accumulate_step, reduce_retracing=True)
         self._eval = tf.function(self._eval_step, reduce_retracing=True)
@@ -152,27 +158,19 @@ class TensorFlowAdapter(FrameworkAdapter):
         return tf.cond(finite, apply, skip)
 
     def _apply_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
-        if self.comm_exchange is not None:  # hvdtrain's own exchange replaces the allreduce below
-            return self.comm_exchange.apply_step(inputs, targets, weight)
+        """One update, inside ``tf.function``: local gradients (plus the accumulated ones), the
+        exchange's ``reduce``, the update, the exchange's ``after_update``."""
         with tf.GradientTape() as tape:
             _, loss = self._loss(inputs, targets, training=True)
             scaled = self._scale_loss(loss, weight)
-        variables = tf_variables(self.trainable)
-        if not self.accumulators:
-            tape = hvd.DistributedGradientTape(tape, compression=self.compression,  # distributed: allreduce
-                                               sparse_as_dense=True, op=self.reduce_op, groups=self.gradient_groups)
-            grads = tape.gradient(scaled, variables)
-        else:
-            local = tape.gradient(scaled, variables)
-            summed = [a + tf.convert_to_tensor(g) for a, g in zip(self.accumulators, local)]
-            if self.reduce_op == hvd.Adasum:  # see gradient_groups above
-                grads = [hvd.allreduce(t, op=hvd.Adasum, compression=self.compression) for t in summed]  # distributed
-            else:
-                grads = hvd.grouped_allreduce(summed, op=self.reduce_op,  # distributed: one fused allreduce
-                                              compression=self.compression)
+        grads = tape.gradient(scaled, tf_variables(self.trainable))
+        if self.accumulators:
+            grads = [a + tf.convert_to_tensor(g) for a, g in zip(self.accumulators, grads)]
             for a in self.accumulators:
                 a.assign(tf.zeros_like(a))
-        return loss, self._update(grads)
+        applied = self._update(self.exchange.reduce(grads))  # distributed: the gradient exchange
+        self.exchange.after_update()
+        return loss, applied
 
     def _accumulate_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
         with tf.GradientTape() as tape:
@@ -271,7 +269,7 @@ class TensorFlowAdapter(FrameworkAdapter):
     def elastic_reset(self) -> None:
         hvd.shutdown()
         hvd.init()
-        self.reset_comm_state("elastic: the job re-formed")
+        compression_state.reset(self, "elastic: the job re-formed")
 
     def state_is_finite(self) -> bool:
         return all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables)

@@ -1,10 +1,12 @@
-"""PowerSGD and top-k gradient compression with error feedback, and local SGD, for TensorFlow on
-Horovod collectives (the algorithms are described in :mod:`hvdtrain.core.compression`; the steps
-mirror :mod:`hvdtrain.torch.compression` so both frameworks give the same update).
+"""The gradient exchanges for TensorFlow on Horovod collectives (:mod:`hvdtrain.core.exchange`):
+Horovod's allreduce, PowerSGD and top-k with error feedback, and local SGD (the algorithms are
+described in :mod:`hvdtrain.core.compression`; the steps mirror :mod:`hvdtrain.torch.compression`
+so both frameworks give the same update).
 
-All state lives in ``tf.Variable`` so the exchange runs inside the adapter's ``tf.function``:
-:meth:`CommExchange.apply_step` replaces the adapter's gradient allreduce for one update. A kernel
-is viewed in PyTorch's logical layout, ``(out, in, k...)``, before it is flattened to a matrix.
+The adapter's ``tf.function`` step calls :meth:`reduce` on the tape's gradients and
+:meth:`after_update` after its update, so all state lives in ``tf.Variable``. A kernel is viewed in
+PyTorch's logical layout, ``(out, in, k...)``, before it is flattened to a matrix, and the
+checkpoint state is kept in that layout too (the same keys and arrays as torch's).
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.core.compression import CommPlan, comm_plan, compressible, effective_rank, \
-    initial_q, matrix_shape, topk_count
+from hvdtrain.core.compression import CommPlan, compressible, effective_rank, initial_q, matrix_shape, topk_count
+from hvdtrain.core.exchange import Stateless, indexed, replica_key, state_format
 
 EPSILON = 1e-8  # keeps Gram-Schmidt finite on an all-zero column
+
+
+def tf_variables(variables: list[Any]) -> list[tf.Variable]:
+    """The ``tf.Variable`` behind each Keras 3 variable (what Horovod's TF ops accept)."""
+    return [getattr(v, "value", v) if not isinstance(v, tf.Variable) else v for v in variables]
 
 
 def logical_perm(ndim: int) -> list[int]:
@@ -61,58 +68,54 @@ def _world_size() -> Any:
     return tf.cast(hvd.size_op(), tf.float32)
 
 
-class CommExchange:
-    """The adapter's gradient exchange for one of PowerSGD, top-k and local SGD."""
+def _dense(grads: list[Any], shapes: list[tuple[int, ...]]) -> list[Any]:
+    """Dense gradients with their variables' static shapes (an embedding's gradient is
+    IndexedSlices, whose dense form has none; PowerSGD's matrices and top-k's sizes need them);
+    zeros where a variable got no gradient."""
+    return [tf.ensure_shape(tf.convert_to_tensor(g), s) if g is not None else tf.zeros(s)
+            for g, s in zip(grads, shapes)]
 
-    def __init__(self, plan: CommPlan, adapter: Any, shapes: list[tuple[int, ...]] | None = None) -> None:
-        self.plan, self.adapter = plan, adapter
+
+class Allreduce(Stateless):
+    """Horovod's allreduce (average or Adasum, optional float16 on the wire): the function
+    ``hvd.DistributedGradientTape`` applies to the tape's gradients, with the same arguments, so
+    the step's graph is the one the tape builds (each gradient's allreduce starts as soon as the
+    gradient exists unless ``groups`` fuses them; skipped on a single worker)."""
+
+    def __init__(self, variables: list[Any], compression: Any, op: Any, groups: int | None) -> None:
+        self.variables = tf_variables(variables)
+        # horovod.tensorflow's own builder of DistributedGradientTape's reduction (0.28: private)
+        self._allreduce = hvd._make_allreduce_grads_fn(  # pylint: disable=protected-access
+            "DistributedGradientTape", "", "", compression, True, op, 1.0, groups, hvd.global_process_set)
+
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """The averaged (or Adasum-combined) gradients; IndexedSlices become dense."""
+        return self._allreduce(grads, self.variables)  # distributed
+
+
+class PowerSGD:
+    """Rank-r PowerSGD with error feedback and warm-started Q for gradients of the given
+    (TensorFlow) ``shapes``."""
+
+    keeps_state = True
+
+    def __init__(self, plan: CommPlan, shapes: list[tuple[int, ...]]) -> None:
+        self.plan, self.shapes = plan, [tuple(s) for s in shapes]
         self.compression = hvd.Compression.fp16 if plan.fp16_wire else hvd.Compression.none
-        self.shapes = shapes if shapes is not None else [tuple(v.shape) for v in adapter.trainable]
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.errors: dict[int, tf.Variable] = {}
         self.qs: dict[int, tf.Variable] = {}
-        if plan.method == "powersgd":
-            self.packed = [i for i, s in enumerate(self.shapes) if compressible(logical_shape(s), plan)]
-            for j, i in enumerate(self.packed):
-                n, m = matrix_shape(logical_shape(self.shapes[i]))
-                r = effective_rank(n, m, plan.powersgd_rank)
-                self.qs[i] = tf.Variable(initial_q(j, m, r), trainable=False)
-                self.errors[i] = tf.Variable(tf.zeros((n, m)), trainable=False)
-        elif plan.method == "topk":
-            for i, s in enumerate(self.shapes):
-                self.errors[i] = tf.Variable(tf.zeros((int(np.prod(s, dtype=np.int64)),)), trainable=False)
-
-    # ---- one update, inside the adapter's tf.function -------------------------------------------
-    def apply_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
-        """Forward, backward, exchange and update (replaces the adapter's allreduce for this run)."""
-        adapter = self.adapter
-        from hvdtrain.tensorflow.adapter import tf_variables
-
-        with tf.GradientTape() as tape:
-            _, loss = adapter._loss(inputs, targets, training=True)
-            scaled = adapter._scale_loss(loss, weight)
-        variables = tf_variables(adapter.trainable)
-        # an embedding's gradient is IndexedSlices, whose dense form has no static shape: give every
-        # gradient its variable's, which PowerSGD's matrices and top-k's sizes are built from
-        local = [tf.ensure_shape(tf.convert_to_tensor(g), v.shape) if g is not None else tf.zeros_like(v)
-                 for g, v in zip(tape.gradient(scaled, variables), variables)]
-        if adapter.accumulators:
-            local = [a + g for a, g in zip(adapter.accumulators, local)]
-            for a in adapter.accumulators:
-                a.assign(tf.zeros_like(a))
-        applied = adapter._update(self.reduce(local))
-        if self.plan.method == "local_sgd":
-            self.steps.assign_add(1)
-            tf.cond(self.steps >= self.plan.local_sgd_steps, self._average_graph, lambda: tf.constant(0))
-        return loss, applied
+        self.packed = [i for i, s in enumerate(self.shapes) if compressible(logical_shape(s), plan)]
+        for j, i in enumerate(self.packed):
+            n, m = matrix_shape(logical_shape(self.shapes[i]))
+            r = effective_rank(n, m, plan.powersgd_rank)
+            self.qs[i] = tf.Variable(initial_q(j, m, r), trainable=False)
+            self.errors[i] = tf.Variable(tf.zeros((n, m)), trainable=False)
 
     def reduce(self, grads: list[Any]) -> list[Any]:
-        """The exchanged average of ``grads`` (local SGD: the local gradients themselves)."""
-        if self.plan.method == "local_sgd":
-            return grads
+        """The averaged (and, after the warm-up, compressed) gradients, in the same order and shapes."""
+        grads = _dense(grads, self.shapes)
         self.steps.assign_add(1)
-        if self.plan.method == "topk":
-            return self._topk(grads)
         if self.plan.powersgd_start_step == 0:
             return self._powersgd(grads)
         return tf.cond(self.steps <= self.plan.powersgd_start_step,
@@ -141,7 +144,54 @@ class CommExchange:
             out[i] = from_matrix(approx, self.shapes[i])
         return out
 
-    def _topk(self, grads: list[Any]) -> list[Any]:
+    def after_update(self) -> None:
+        """Nothing to do."""
+
+    def sync_replicas(self) -> None:
+        """The replicas are always equal."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """``steps``, ``q/<i>``, ``error/<i>`` (the ``n x m`` matrices): :mod:`hvdtrain.core.exchange`."""
+        state = {"steps": np.asarray(self.steps.numpy())}
+        state.update({f"q/{i}": v.numpy() for i, v in self.qs.items()})
+        state.update({f"error/{i}": v.numpy() for i, v in self.errors.items()})
+        return state
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Put back what :meth:`state` returned (formats 1 and 2 are the same here); what a state
+        lacks (torch's buffers appear at the first compressed step) starts afresh."""
+        self.reset()
+        self.steps.assign(int(state["steps"]))
+        for prefix, table in (("q/", self.qs), ("error/", self.errors)):
+            for i, value in indexed(state, prefix).items():
+                table[i].assign(value)
+
+    def reset(self) -> None:
+        """Start afresh: zero error buffers and counter, seeded Q (a world-size change)."""
+        self.steps.assign(0)
+        for v in self.errors.values():
+            v.assign(tf.zeros_like(v))
+        for j, i in enumerate(self.packed):
+            self.qs[i].assign(initial_q(j, *self.qs[i].shape))
+
+
+class TopK:
+    """Top-k sparsification with error feedback, exchanged with two allgathers (values, indices),
+    for gradients of the given (TensorFlow) ``shapes``."""
+
+    keeps_state = True
+
+    def __init__(self, plan: CommPlan, shapes: list[tuple[int, ...]]) -> None:
+        self.plan, self.shapes = plan, [tuple(s) for s in shapes]
+        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+        # flat, in the variable's own layout (the checkpoint state holds PyTorch's: see state())
+        self.errors = {i: tf.Variable(tf.zeros((int(np.prod(s, dtype=np.int64)),)), trainable=False)
+                       for i, s in enumerate(self.shapes)}
+
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """The average over ranks of every rank's k largest-magnitude entries (error added)."""
+        grads = _dense(grads, self.shapes)
+        self.steps.assign_add(1)
         values, indices, offset = [], [], 0
         for i, g in enumerate(grads):
             flat = tf.reshape(g, [-1]) + self.errors[i]
@@ -165,67 +215,107 @@ class CommExchange:
             start += size
         return out
 
-    # ---- local SGD ------------------------------------------------------------------------------
-    def _averaged_variables(self) -> list[Any]:
-        from hvdtrain.tensorflow.adapter import tf_variables
+    def after_update(self) -> None:
+        """Nothing to do."""
 
-        variables = tf_variables(self.adapter.model.variables)
+    def sync_replicas(self) -> None:
+        """The replicas are always equal."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """``steps`` and ``error/<i>``, flattened in PyTorch's logical layout."""
+        state = {"steps": np.asarray(self.steps.numpy())}
+        for i, v in self.errors.items():
+            shape = self.shapes[i]
+            state[f"error/{i}"] = v.numpy().reshape(shape).transpose(logical_perm(len(shape))).reshape(-1)
+        return state
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Put back what :meth:`state` returned; format 1 kept each error in the variable's layout."""
+        self.reset()
+        self.steps.assign(int(state["steps"]))
+        legacy = state_format(state) == 1
+        for i, value in indexed(state, "error/").items():
+            shape = self.shapes[i]
+            self.errors[i].assign(value if legacy else value.reshape(logical_shape(shape)).transpose(
+                np.argsort(logical_perm(len(shape)))).reshape(-1))
+
+    def reset(self) -> None:
+        """Start afresh: zero error buffers and counter (a world-size change)."""
+        self.steps.assign(0)
+        for v in self.errors.values():
+            v.assign(tf.zeros_like(v))
+
+
+class LocalSGD:
+    """Periodic averaging of the model (and optionally the optimizer state) in one grouped allreduce;
+    each rank applies its own gradients in between."""
+
+    keeps_state = True
+
+    def __init__(self, plan: CommPlan, model: Any, optimizer: Any) -> None:
+        self.plan, self.model, self.optimizer = plan, model, optimizer
+        self.since_average = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """The local gradients themselves: nothing is sent."""
+        return grads
+
+    def after_update(self) -> None:
+        """Count one local update; average when ``comm.local_sgd_steps`` have been taken (graph)."""
+        self.since_average.assign_add(1)
+        tf.cond(self.since_average >= self.plan.local_sgd_steps, self._average, lambda: tf.constant(0))
+
+    def _averaged_variables(self) -> list[Any]:
+        variables = tf_variables(self.model.variables)
         if self.plan.local_sgd_average_optimizer:
-            variables += tf_variables(self.adapter.optimizer.variables)
+            variables += tf_variables(self.optimizer.variables)
         return [v for v in variables if v.dtype.is_floating]
 
-    def _average_graph(self) -> Any:
+    def _average(self) -> Any:
         variables = self._averaged_variables()
         averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables],  # distributed
                                          op=hvd.Average)
         for v, mean in zip(variables, averaged):
             v.assign(mean)
-        self.steps.assign(0)
+        self.since_average.assign(0)
         return tf.constant(0)
 
     def sync_replicas(self) -> None:
-        """Local SGD: average the replicas now unless they were just averaged (eager)."""
-        if self.plan.method == "local_sgd" and int(self.steps.numpy()) > 0:
-            self._average_graph()
+        """Average the replicas now unless they were just averaged (eager)."""
+        if int(self.since_average.numpy()) > 0:
+            self._average()
 
-    # ---- checkpoint state -----------------------------------------------------------------------
-    def comm_state(self) -> dict[str, np.ndarray]:
-        """Counters, Q matrices, this rank's error buffers and (local SGD) its own replica."""
-        state = {"steps": np.asarray(self.steps.numpy())}
-        state.update({f"q/{i}": v.numpy() for i, v in self.qs.items()})
-        state.update({f"error/{i}": v.numpy() for i, v in self.errors.items()})
-        if self.plan.method == "local_sgd":
-            if int(self.steps.numpy()) > 0:
-                state.update({f"model/{i:05d}": np.asarray(v.numpy()) for i, v in
-                              enumerate(self.adapter.model.variables)})
-            if int(self.steps.numpy()) > 0 or not self.plan.local_sgd_average_optimizer:
-                state.update({f"optimizer/{i:05d}": np.asarray(v.numpy()) for i, v in
-                              enumerate(self.adapter.optimizer.variables)})
+    def state(self) -> dict[str, np.ndarray]:
+        """The period's position and, between averagings, this rank's own model and optimizer
+        variables (the optimizer's also right after an averaging that left it out)."""
+        since = int(self.since_average.numpy())
+        state = {"since_average": np.asarray(since, dtype=np.int64)}
+        if since > 0:
+            state.update({replica_key("model", i): np.asarray(v.numpy()) for i, v in enumerate(self.model.variables)})
+        if since > 0 or not self.plan.local_sgd_average_optimizer:
+            state.update({replica_key("optimizer", i): np.asarray(v.numpy())
+                          for i, v in enumerate(self.optimizer.variables)})
         return state
 
-    def load_comm_state(self, state: dict[str, np.ndarray]) -> None:
-        """Continue from what :meth:`comm_state` returned on this rank."""
-        self.steps.assign(int(state["steps"]))
-        for prefix, table in (("q/", self.qs), ("error/", self.errors)):
-            for key, value in state.items():
-                if key.startswith(prefix):
-                    table[int(key[len(prefix):])].assign(value)
-        for prefix, variables in (("model/", self.adapter.model.variables),
-                                  ("optimizer/", self.adapter.optimizer.variables)):
-            for key, value in state.items():
-                if key.startswith(prefix):
-                    variables[int(key[len(prefix):])].assign(value)
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Put back what :meth:`state` returned; format 1 kept the counter under ``steps``."""
+        self.since_average.assign(int(state["steps"] if state_format(state) == 1 else state["since_average"]))
+        for kind, variables in (("model", self.model.variables), ("optimizer", self.optimizer.variables)):
+            for i, value in indexed(state, f"{kind}/").items():
+                variables[i].assign(value)
 
-    def reset_comm_state(self) -> None:
-        """Start afresh: zero error buffers and counters, seeded Q (a world-size change)."""
-        self.steps.assign(0)
-        for v in self.errors.values():
-            v.assign(tf.zeros_like(v))
-        for j, i in enumerate(sorted(self.qs)):
-            self.qs[i].assign(initial_q(j, *self.qs[i].shape))
+    def reset(self) -> None:
+        """Start a new averaging period (the replicas are equal: just broadcast or averaged)."""
+        self.since_average.assign(0)
 
 
-def comm_exchange(adapter: Any, config: Any) -> CommExchange | None:
-    """The exchange the config asks for (PowerSGD, top-k, local SGD), or None for Horovod's allreduce."""
-    plan = comm_plan(config)
-    return None if plan is None else CommExchange(plan, adapter)
+def build_exchange(plan: CommPlan, variables: list[Any], model: Any, optimizer: Any) -> Any:
+    """hvdtrain's own exchange for ``plan`` (from :func:`hvdtrain.core.compression.comm_plan`);
+    Horovod's is :class:`Allreduce`. ``variables``: the trainable variables whose gradients it
+    exchanges; ``optimizer``: the one whose variables local SGD keeps per rank."""
+    shapes = [tuple(v.shape) for v in variables]
+    if plan.method == "powersgd":
+        return PowerSGD(plan, shapes)
+    if plan.method == "topk":
+        return TopK(plan, shapes)
+    return LocalSGD(plan, model, optimizer)

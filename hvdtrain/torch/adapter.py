@@ -23,12 +23,14 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
+from hvdtrain.core import compression_state
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
 from hvdtrain.core.comm import overlap_gradients
+from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
-from hvdtrain.torch.compression import ExchangeOptimizer, exchange_optimizer
+from hvdtrain.torch.compression import Allreduce, build_exchange
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -41,9 +43,9 @@ def default_threads(local_size: int) -> int:
 
 
 class TorchAdapter(FrameworkAdapter):
-    """Gradients allreduced by ``hvd.DistributedOptimizer`` (named parameters, optional fp16
-    compression, ``backward_passes_per_step`` accumulation, average or Adasum); state broadcast
-    from rank 0."""
+    """Gradients exchanged by the run's :mod:`~hvdtrain.core.exchange` (by default
+    ``hvd.DistributedOptimizer``: named parameters, optional fp16 compression,
+    ``backward_passes_per_step`` accumulation, average or Adasum); state broadcast from rank 0."""
 
     name = "torch"
 
@@ -82,16 +84,24 @@ class TorchAdapter(FrameworkAdapter):
         self.adasum = config.comm.reduction == "adasum" and hvd.size() > 1  # hvdtrain.core.rules allowed it
         self.overlap = overlap_gradients(config.comm, self.device.type == "cuda", hvd.local_size(),
                                          torch.get_num_threads(), os.cpu_count() or 1)
-        # PowerSGD, top-k or local SGD: hvdtrain's own exchange (hvdtrain.torch.compression); else Horovod's
-        self.optimizer = exchange_optimizer(task.optimizer, self.model, config) or hvd.DistributedOptimizer(
-            task.optimizer, named_parameters=self.model.named_parameters(),
-            compression=compression, backward_passes_per_step=self.accumulation,
-            op=hvd.Adasum if self.adasum else hvd.Average,
-            # groups=1 makes this constructor a collective (it broadcasts the parameter order): a worker
-            # joining an elastic job builds its optimizer alone, so elastic runs keep per-tensor groups.
-            groups=None if self.overlap or train_config.elastic else 1)
-        self.comm_exchange = self.optimizer if isinstance(self.optimizer, ExchangeOptimizer) else None
-        self.overlap = self.overlap and self.comm_exchange is None
+        # The gradient exchange (hvdtrain.core.exchange): Horovod's DistributedOptimizer, whose hooks
+        # allreduce during the backward pass, or hvdtrain's PowerSGD, top-k or local SGD around the
+        # recipe's own optimizer (hvdtrain.torch.compression).
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        plan = comm_plan(config)
+        if plan is None:
+            self.optimizer = hvd.DistributedOptimizer(
+                task.optimizer, named_parameters=self.model.named_parameters(),
+                compression=compression, backward_passes_per_step=self.accumulation,
+                op=hvd.Adasum if self.adasum else hvd.Average,
+                # groups=1 makes this constructor a collective (it broadcasts the parameter order): a worker
+                # joining an elastic job builds its optimizer alone, so elastic runs keep per-tensor groups.
+                groups=None if self.overlap or train_config.elastic else 1)
+            self.exchange = Allreduce(self.optimizer, self.params)
+        else:
+            self.optimizer = task.optimizer
+            self.exchange = build_exchange(plan, self.model, self.optimizer)
+            self.overlap = False  # gradients accumulate locally and are exchanged once per update
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -180,20 +190,21 @@ class TorchAdapter(FrameworkAdapter):
             self.optimizer.step()  # distributed: waits for the Adasum reduction of the updates
             self.optimizer.zero_grad()
             return
-        self.optimizer.synchronize()  # distributed: finish the gradient allreduce before reading gradients
+        # distributed: the exchange leaves the gradient every rank applies in each p.grad
+        grads = self.exchange.reduce([p.grad for p in self.params])
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [g for g in grads if g is not None]
         norm = torch.nn.utils.get_total_norm(grads)
         if self.scaler is None and not torch.isfinite(norm):
-            self.optimizer.zero_grad()
+            self._end_update()
             if self.nonfinite == "error":
                 raise NonFiniteGradientError(f"the allreduced gradient is not finite (norm {float(norm)})")
             self._skips += 1
             return
         if self.grad_clip_norm is not None:
             torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.grad_clip_norm, norm)
-        with self.optimizer.skip_synchronize():
+        with self.exchange.stepping():
             if self.scaler is not None:
                 scale = self.scaler._scale.clone()  # the scale tensor, read without a host sync
                 self.scaler.step(self.optimizer)  # skips the update itself when fp16 gradients overflowed
@@ -201,7 +212,13 @@ class TorchAdapter(FrameworkAdapter):
                 self._scaler_skips += (self.scaler._scale < scale).to(torch.int64)
             else:
                 self.optimizer.step()
+        self._end_update()
+
+    def _end_update(self) -> None:
+        """Every update ends here, applied or skipped: clear the gradients, then the exchange's
+        after-update step (local SGD averages every comm.local_sgd_steps updates)."""
         self.optimizer.zero_grad()
+        self.exchange.after_update()
 
     @torch.no_grad()
     def eval_step(self, inputs: Any, targets: Any) -> dict[str, float]:
@@ -253,7 +270,7 @@ class TorchAdapter(FrameworkAdapter):
     def elastic_reset(self) -> None:
         hvd.shutdown()
         hvd.init()
-        self.reset_comm_state("elastic: the job re-formed")
+        compression_state.reset(self, "elastic: the job re-formed")
 
     def state_is_finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())

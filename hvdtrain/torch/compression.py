@@ -1,13 +1,15 @@
-"""PowerSGD and top-k gradient compression with error feedback, and local SGD, for PyTorch on
-Horovod collectives (the algorithms are described in :mod:`hvdtrain.core.compression`).
+"""The gradient exchanges for PyTorch on Horovod collectives (:mod:`hvdtrain.core.exchange`):
+Horovod's allreduce, PowerSGD and top-k with error feedback, and local SGD (the algorithms are
+described in :mod:`hvdtrain.core.compression`).
 
-:class:`ExchangeOptimizer` stands where ``hvd.DistributedOptimizer`` stands otherwise: the same
-``synchronize()`` / ``skip_synchronize()`` / ``step()`` / ``zero_grad()`` calls, so the adapter's
-update code is unchanged. Gradients accumulate locally over micro-batches (nothing is sent
-during the backward pass); ``synchronize()`` runs the compressed exchange once per update and
-leaves the averaged gradient in each ``p.grad``. Under local SGD it sends nothing, and the update's
-end (``zero_grad()``, which every rank reaches even when it skipped a non-finite step) averages
-the model every ``comm.local_sgd_steps`` updates.
+Every exchange is bound to the model's trainable parameters: :meth:`reduce` takes their local
+gradients (``p.grad``, None where a parameter got none), leaves the gradient every rank applies in
+each ``p.grad`` and returns those. :class:`Allreduce` is ``hvd.DistributedOptimizer`` (the
+adapter's optimizer): its hooks start each allreduce during the backward pass and ``reduce`` waits
+for them. With PowerSGD, top-k and local SGD the adapter's optimizer is the recipe's own and the
+gradients accumulate locally over micro-batches (nothing is sent during the backward pass).
+:class:`PowerSGD` and :class:`TopK` are the compressors (plain lists of tensors in and out);
+:class:`Compressed` binds one to the parameters.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from hvdtrain.core.compression import CommPlan, averaging_due, compressible, effective_rank, initial_q, \
     matrix_shape, topk_count
+from hvdtrain.core.exchange import Stateless, indexed, replica_key, state_format
 
 EPSILON = 1e-8  # keeps Gram-Schmidt finite on an all-zero column
 
@@ -166,6 +169,38 @@ class TopK:
         self.error = _from_numpy(state, "error/", device)
 
 
+def _to_array(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor as a NumPy array (bfloat16, which NumPy lacks, as its int16 bits)."""
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.view(torch.int16)
+    return tensor.numpy().copy()
+
+
+@torch.no_grad()
+def _assign(target: torch.Tensor, array: np.ndarray) -> None:
+    """Copy ``array`` (from :func:`_to_array`) into ``target`` in place."""
+    source = torch.from_numpy(np.array(array))
+    if target.dtype == torch.bfloat16 and source.dtype == torch.int16:
+        source = source.view(torch.bfloat16)
+    target.copy_(source.reshape(target.shape))
+
+
+def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every tensor of the model's state dict, in its order (buffers included)."""
+    return list(model.state_dict().values())
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's per-parameter state tensors: parameters in group order, keys sorted."""
+    tensors = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            param_state = optimizer.state.get(p, {})
+            tensors += [param_state[k] for k in sorted(param_state) if torch.is_tensor(param_state[k])]
+    return tensors
+
+
 def _float_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, with_optimizer: bool) -> list:
     tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
     if with_optimizer:
@@ -174,8 +209,71 @@ def _float_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, wit
     return tensors
 
 
+class Allreduce(Stateless):
+    """Horovod's allreduce (average or Adasum, optional float16 on the wire) through
+    ``hvd.DistributedOptimizer``, whose hooks start each gradient's allreduce during the backward
+    pass. ``optimizer`` is that ``DistributedOptimizer``, the adapter's optimizer."""
+
+    def __init__(self, optimizer: Any, params: list[torch.Tensor]) -> None:
+        self.optimizer, self.params = optimizer, params
+
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """Wait for the allreduces the backward pass started (``synchronize()``); the averaged
+        gradients are in each ``p.grad`` (zeros where a parameter got none)."""
+        self.optimizer.synchronize()  # distributed
+        return [p.grad for p in self.params]
+
+    def stepping(self) -> contextlib.AbstractContextManager:
+        """Around ``optimizer.step()``: the gradients are reduced already."""
+        return self.optimizer.skip_synchronize()
+
+
+class Compressed:
+    """A compressor (:class:`PowerSGD`, :class:`TopK`) exchanging the parameters' gradients."""
+
+    keeps_state = True
+
+    def __init__(self, compressor: Any, params: list[torch.Tensor]) -> None:
+        self.compressor, self.params, self.plan = compressor, params, compressor.plan
+
+    @torch.no_grad()
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """Replace each parameter's local gradient by the exchanged one (every rank, once per update)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        for p, g in zip(self.params, self.compressor.reduce([p.grad for p in self.params])):
+            p.grad.copy_(g)
+        return [p.grad for p in self.params]
+
+    def stepping(self) -> contextlib.AbstractContextManager:
+        """Nothing to skip: the optimizer is the recipe's own."""
+        return contextlib.nullcontext()
+
+    def after_update(self) -> None:
+        """Nothing to do."""
+
+    def sync_replicas(self) -> None:
+        """The replicas are always equal."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """``steps``, ``q/<i>``, ``error/<i>`` (:mod:`hvdtrain.core.exchange`)."""
+        return self.compressor.state()
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Put back what :meth:`state` returned (formats 1 and 2 are the same here)."""
+        self.compressor.load_state(state, self.params[0].device if self.params else torch.device("cpu"))
+
+    def reset(self) -> None:
+        """Forget error buffers, Q matrices and the step count."""
+        self.compressor.reset()
+
+
 class LocalSGD:
-    """Periodic averaging of the model (and optionally the optimizer state) in one grouped allreduce."""
+    """Periodic averaging of the model (and optionally the optimizer state) in one grouped allreduce;
+    each rank applies its own gradients in between."""
+
+    keeps_state = True
 
     def __init__(self, plan: CommPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.plan, self.model, self.optimizer = plan, model, optimizer
@@ -185,11 +283,23 @@ class LocalSGD:
         """Start a new averaging period (the replicas are equal: just broadcast or averaged)."""
         self.since_average = 0
 
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """The local gradients themselves: nothing is sent."""
+        return grads
+
+    def stepping(self) -> contextlib.AbstractContextManager:
+        """Nothing to skip: the optimizer is the recipe's own."""
+        return contextlib.nullcontext()
+
     def after_update(self) -> None:
         """Count one local update; average when ``comm.local_sgd_steps`` have been taken."""
         self.since_average += 1
         if averaging_due(self.since_average, self.plan):
             self.average()
+
+    def sync_replicas(self) -> None:
+        """Average now (before an evaluation) unless the replicas were just averaged."""
+        self.average()
 
     @torch.no_grad()
     def average(self) -> None:
@@ -204,116 +314,42 @@ class LocalSGD:
         self.since_average = 0
 
     def state(self) -> dict[str, np.ndarray]:
-        """The period's position and, between averagings, this rank's own model and optimizer state."""
+        """The period's position and, between averagings, this rank's own model and optimizer
+        tensors (the optimizer's also right after an averaging that left it out)."""
         state = {"since_average": np.asarray(self.since_average)}
         if self.since_average:
-            buffer = io.BytesIO()
-            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, buffer)
-            state["replica"] = np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy()
-        elif not self.plan.local_sgd_average_optimizer:
-            buffer = io.BytesIO()
-            torch.save({"optimizer": self.optimizer.state_dict()}, buffer)
-            state["replica"] = np.frombuffer(buffer.getvalue(), dtype=np.uint8).copy()
+            state.update({replica_key("model", i): _to_array(t) for i, t in enumerate(_model_tensors(self.model))})
+        if self.since_average or not self.plan.local_sgd_average_optimizer:
+            state.update({replica_key("optimizer", i): _to_array(t)
+                          for i, t in enumerate(_optimizer_tensors(self.optimizer))})
         return state
 
-    def load_state(self, state: dict[str, np.ndarray], device: torch.device) -> None:
-        """Put back what :meth:`state` returned."""
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Put back what :meth:`state` returned; format 1 kept the replica as one ``torch.save``
+        blob (``replica``)."""
         self.since_average = int(state["since_average"])
-        if "replica" in state:
-            replica = torch.load(io.BytesIO(state["replica"].tobytes()), map_location=device, weights_only=True)
-            if "model" in replica:
-                self.model.load_state_dict(replica["model"])
-            self.optimizer.load_state_dict(replica["optimizer"])
-
-
-class ExchangeOptimizer:
-    """A torch optimizer whose gradients are exchanged by hvdtrain (PowerSGD, top-k) or not at all
-    (local SGD), with the calls of ``hvd.DistributedOptimizer`` that the adapter uses. Everything
-    else (``param_groups``, ``state``, ``state_dict``...) is the wrapped optimizer's."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, plan: CommPlan) -> None:
-        self.optimizer, self.model, self.plan = optimizer, model, plan
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if plan.method == "powersgd":
-            self.exchange: Any = PowerSGD(plan)
-        elif plan.method == "topk":
-            self.exchange = TopK(plan)
-        else:
-            self.exchange = LocalSGD(plan, model, optimizer)
-        self._update_pending = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["optimizer"], name)
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The wrapped optimizer's parameter groups."""
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:
-        """The wrapped optimizer's per-parameter state."""
-        return self.optimizer.state
-
-    @torch.no_grad()
-    def synchronize(self) -> None:
-        """Replace each parameter's local gradient by the exchanged average (every rank, once per
-        update); under local SGD, only note that an update is under way."""
-        self._update_pending = True
-        if isinstance(self.exchange, LocalSGD):
+        if state_format(state) == 1:
+            if "replica" in state:
+                device = next(self.model.parameters()).device
+                replica = torch.load(io.BytesIO(state["replica"].tobytes()), map_location=device, weights_only=True)
+                if "model" in replica:
+                    self.model.load_state_dict(replica["model"])
+                self.optimizer.load_state_dict(replica["optimizer"])
             return
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        for p, g in zip(self.params, self.exchange.reduce([p.grad for p in self.params])):
-            p.grad.copy_(g)
-
-    def skip_synchronize(self) -> contextlib.AbstractContextManager:
-        """Like Horovod's: ``step()`` never communicates here, so nothing to skip."""
-        return contextlib.nullcontext()
-
-    def step(self, closure: Any = None) -> Any:
-        """The wrapped optimizer's step on the exchanged gradients."""
-        return self.optimizer.step(closure)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients; under local SGD this ends the update and may average the replicas."""
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-        if self._update_pending and isinstance(self.exchange, LocalSGD):
-            self.exchange.after_update()
-        self._update_pending = False
-
-    def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state dict."""
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load into the wrapped optimizer."""
-        self.optimizer.load_state_dict(state_dict)
-
-    # The adapter's compression-state hooks (see FrameworkAdapter.comm_state).
-    def comm_state(self) -> dict[str, np.ndarray]:
-        """This rank's exchange state for the checkpoint."""
-        return self.exchange.state()
-
-    def load_comm_state(self, state: dict[str, np.ndarray]) -> None:
-        """Continue from what :meth:`comm_state` returned on this rank."""
-        self.exchange.load_state(state, self.params[0].device if self.params else torch.device("cpu"))
-
-    def reset_comm_state(self) -> None:
-        """Start the exchange afresh (a new world size)."""
-        self.exchange.reset()
-
-    def sync_replicas(self) -> None:
-        """Local SGD: average the replicas now (before an evaluation); otherwise nothing."""
-        if isinstance(self.exchange, LocalSGD):
-            self.exchange.average()
+        for kind, tensors in (("model", _model_tensors(self.model)), ("optimizer", _optimizer_tensors(self.optimizer))):
+            saved = indexed(state, f"{kind}/")
+            if saved and len(saved) != len(tensors):
+                raise ValueError(f"the local-SGD state holds {len(saved)} {kind} tensors, this run has {len(tensors)}")
+            for i, array in saved.items():
+                _assign(tensors[i], array)
 
 
-def exchange_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module, config: Any) -> Any:
-    """An :class:`ExchangeOptimizer` around ``optimizer`` when the config asks for PowerSGD, top-k
-    or local SGD; None when Horovod's own ``DistributedOptimizer`` does the job."""
-    from hvdtrain.core.compression import comm_plan
-
-    plan = comm_plan(config)
-    return None if plan is None else ExchangeOptimizer(optimizer, model, plan)
+def build_exchange(plan: CommPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    """hvdtrain's own exchange for ``plan`` (from :func:`hvdtrain.core.compression.comm_plan`)
+    around the recipe's ``optimizer``; Horovod's is :class:`Allreduce`."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if plan.method == "powersgd":
+        return Compressed(PowerSGD(plan), params)
+    if plan.method == "topk":
+        return Compressed(TopK(plan), params)
+    return LocalSGD(plan, model, optimizer)

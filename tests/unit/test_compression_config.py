@@ -80,3 +80,85 @@ def test_initial_q_is_seeded_and_per_tensor():
 
 def test_topk_count_sends_at_least_one():
     assert topk_count(1000, 0.01) == 10 and topk_count(10, 0.01) == 1 and topk_count(10, 1.0) == 10
+
+
+# -- the exchange's per-rank state in the checkpoint (hvdtrain.core.exchange, compression_state) --------------
+
+class _FakeExchange:
+    """A NumPy exchange with state, as the adapters' PowerSGD/top-k/local SGD are to the checkpoint."""
+
+    keeps_state = True
+    plan = CommPlan("topk")
+
+    def __init__(self, rank=0):
+        self.rank, self.loaded, self.resets = rank, None, 0
+
+    def state(self):
+        return {"steps": np.asarray(3), f"error/{self.rank}": np.arange(4.0) + self.rank}
+
+    def load_state(self, state):
+        self.loaded = state
+
+    def reset(self):
+        self.resets += 1
+
+
+class _FakeAdapter:
+    """Two ranks seen from one: allgather returns rank 0's and rank 1's states."""
+
+    def __init__(self, exchange):
+        self.exchange = exchange
+
+    def allgather_object(self, obj):
+        return [obj, {**_FakeExchange(1).state(), "format": obj["format"]}]
+
+    def broadcast_object(self, obj, root_rank=0):
+        return obj
+
+    def context(self):
+        from hvdtrain.core.adapter import DistContext
+
+        return DistContext()
+
+
+def test_exchange_state_round_trips_through_the_checkpoint_with_its_format(tmp_path, capsys):
+    from hvdtrain.core import compression_state
+    from hvdtrain.core.exchange import STATE_FORMAT, state_format
+
+    states = compression_state.gather(_FakeAdapter(_FakeExchange()))
+    compression_state.write(tmp_path, states)
+    read = compression_state.read(tmp_path)
+    assert [state_format(s) for s in read] == [STATE_FORMAT, STATE_FORMAT]
+    assert np.array_equal(read[1]["error/1"], np.arange(4.0) + 1)
+    exchange = _FakeExchange()
+    plan = {"checkpoint": str(tmp_path), "manifest": {"world_size": 2}}
+    compression_state.restore(_FakeAdapter(exchange), plan, rank=0, size=2)
+    assert np.array_equal(exchange.loaded["error/0"], np.arange(4.0)) and exchange.resets == 0
+    compression_state.restore(_FakeAdapter(exchange), plan, rank=0, size=4)
+    assert exchange.resets == 1 and "written by 2 workers, this job has 4" in capsys.readouterr().out
+
+
+def test_a_format_1_state_reads_as_format_1(tmp_path):
+    from hvdtrain.core import compression_state
+    from hvdtrain.core.exchange import indexed, state_format
+
+    with open(tmp_path / compression_state.STATE_FILE, "wb") as f:  # as checkpoints before the format key
+        np.savez(f, **{"0/steps": np.asarray(2), "0/error/3": np.ones(2), "1/steps": np.asarray(2)})
+    read = compression_state.read(tmp_path)
+    assert [state_format(s) for s in read] == [1, 1]
+    assert list(indexed(read[0], "error/")) == [3]
+
+
+def test_an_exchange_without_state_writes_nothing_and_gathers_nothing(tmp_path):
+    from hvdtrain.core import compression_state
+    from hvdtrain.core.exchange import GradientExchange, Stateless
+
+    class Plain(Stateless):
+        def reduce(self, grads):
+            return grads
+
+    assert isinstance(Plain(), GradientExchange)
+    adapter = _FakeAdapter(Plain())
+    assert compression_state.gather(adapter) is None
+    compression_state.write(tmp_path, None)
+    assert not (tmp_path / compression_state.STATE_FILE).exists()

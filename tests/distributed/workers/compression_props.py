@@ -67,7 +67,7 @@ class TensorFlowBackend:
         self.tf_shapes = [tuple(np.array(s)[np.argsort(p)]) for s, p in zip(SHAPES, self.perms)]
 
     def exchange(self, plan):
-        return self.mod.CommExchange(plan, None, shapes=self.tf_shapes)
+        return (self.mod.PowerSGD if plan.method == "powersgd" else self.mod.TopK)(plan, self.tf_shapes)
 
     def reduce(self, ex, grads):
         tf_grads = [self.tf.constant(g.transpose(np.argsort(p))) for g, p in zip(grads, self.perms)]

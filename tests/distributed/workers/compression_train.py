@@ -9,6 +9,8 @@ averaging with local SGD). Writes the history and the counts to REPORT.json on r
 import json
 import sys
 
+import numpy as np
+
 import hvdtrain
 from fingerprints import fingerprint
 from hvdtrain.core.callbacks import Callback
@@ -16,12 +18,10 @@ from hvdtrain.core.callbacks import Callback
 
 def in_sync(adapter, framework):
     """Whether this run's replicas should be equal now."""
-    exchange = adapter.comm_exchange
-    if exchange is None or exchange.plan.method != "local_sgd":
+    exchange = adapter.exchange
+    if exchange.plan is None or exchange.plan.method != "local_sgd":
         return True
-    if framework == "torch":
-        return exchange.exchange.since_average == 0
-    return int(exchange.steps.numpy()) == 0
+    return int(np.asarray(exchange.since_average)) == 0  # a Python int (torch) or a tf.Variable
 
 
 class ReplicaCheck(Callback):

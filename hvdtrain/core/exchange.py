@@ -1,0 +1,157 @@
+"""The gradient exchange: how the workers' local gradients become the gradient every worker applies.
+
+Both adapters hold one :class:`GradientExchange` (``adapter.exchange``, built in ``prepare``) and
+call it at the same points of their update, in the spirit of Horovod's ``Compressor`` passed into
+``DistributedOptimizer``::
+
+    local gradients (backward, summed over the accumulation window)
+        -> grads = exchange.reduce(grads)      # the collective(s): allreduce, PowerSGD, top-k...
+        -> unscale, finite check, clip, optimizer update   (the adapter's ``_update``)
+        -> exchange.after_update()            # local SGD: average every H updates
+    before each evaluation / epoch-end checkpoint: exchange.sync_replicas()
+    checkpoint: exchange.state() on every rank -> comm_state.npz; resume: exchange.load_state() or
+    exchange.reset() (another world size, an elastic re-formation)
+
+Where each framework calls it:
+
+=====================  ===========================================  ==========================================
+                       PyTorch (:mod:`hvdtrain.torch.adapter`)      TensorFlow (:mod:`hvdtrain.tensorflow.adapter`)
+=====================  ===========================================  ==========================================
+``reduce``             ``_apply_update``, after ``backward`` of the  ``_apply_step`` (the ``tf.function`` step),
+                       window's last micro-batch; the result is     after ``tape.gradient`` and the
+                       left in each ``p.grad`` and returned         accumulators; returns the gradients
+``after_update``       end of ``_apply_update`` (also after a       end of ``_apply_step``, inside the graph
+                       skipped non-finite update)                   (``tf.cond`` on a variable counter)
+``sync_replicas``      ``FrameworkAdapter.sync_replicas`` (the loop, before evaluating), eagerly
+``state``/``load_...`` :mod:`hvdtrain.core.compression_state` (``gather`` / ``restore``), eagerly
+=====================  ===========================================  ==========================================
+
+The exchanges, each in both frameworks (``hvdtrain/<framework>/compression.py``):
+
+* ``Allreduce``: Horovod's own allreduce, average or Adasum, optional float16 on the wire. In
+  torch it is ``hvd.DistributedOptimizer``: its hooks start each gradient's allreduce during the
+  backward pass (overlap), and ``reduce`` is ``synchronize()``. In TensorFlow it is the function
+  ``hvd.DistributedGradientTape`` applies to the tape's gradients, so the graph is the one the
+  tape builds (each allreduce runs as soon as its gradient exists). No state.
+* ``PowerSGD`` and ``TopK`` (error feedback; :mod:`hvdtrain.core.compression` describes them).
+* ``LocalSGD``: ``reduce`` returns the local gradients; ``after_update`` averages the model
+  (and optionally the optimizer state) every ``comm.local_sgd_steps`` updates.
+
+**State** (:meth:`GradientExchange.state`): one flat ``dict[str, numpy.ndarray]`` per rank, the
+same keys in both frameworks, stored by :mod:`hvdtrain.core.compression_state` as
+``<rank>/<key>`` in ``comm_state.npz``:
+
+==================  =========================================================================
+``format``          :data:`STATE_FORMAT` (added by ``compression_state``; files without it are
+                    format 1, which each exchange still reads)
+``steps``           PowerSGD / top-k: exchanges so far (PowerSGD's warm-up counts them)
+``q/<i>``           PowerSGD: ``Q`` (``m x r``, float32) of the ``i``-th gradient
+``error/<i>``       error feedback of the ``i``-th gradient, in PyTorch's logical layout
+                    ``(out, in, k...)``: PowerSGD the ``n x m`` matrix, top-k flattened
+``since_average``   local SGD: updates since the last averaging
+``model/<i>``       local SGD, between averagings: this rank's ``i``-th model tensor
+                    (torch: ``state_dict()`` order; TensorFlow: ``model.variables`` order)
+``optimizer/<i>``   local SGD: this rank's ``i``-th optimizer tensor (torch: the per-parameter
+                    state tensors in parameter order, keys sorted; TensorFlow:
+                    ``optimizer.variables`` order) whenever the ranks' optimizers differ
+==================  =========================================================================
+
+``<i>`` is the gradient's index among the trainable parameters (``q``, ``error``: unpadded) or a
+five-digit index (``model``, ``optimizer``). A state holds only what the exchange needs: an
+exchange without state returns ``{}`` and :attr:`GradientExchange.keeps_state` is False, so the
+checkpoint holds no ``comm_state.npz`` and nothing is gathered.
+
+**Later exchanges** plug in at the same points without touching the loop or the checkpoint code:
+
+* *Sharded optimizer state* (ZeRO-1/2): ``reduce`` runs a reduce-scatter (``hvd.reducescatter``,
+  grouped) so each rank holds the averaged gradient of its shard only; the adapter's update then
+  steps the shard's optimizer; ``after_update`` all-gathers the updated parameter shards
+  (``hvd.allgather``) so every rank holds the whole model again. The optimizer shard is per-rank
+  state, so ``state``/``load_state`` carry it (as ``optimizer/<i>``, the shard's tensors), with
+  ``keeps_state`` True; a resume at another world size re-shards in ``reset`` (or refuses, as
+  today's states start afresh). An adapter that must update a shard asks the exchange which
+  parameters it updates: an optional ``owned(params)`` method, all of them by default.
+* *Compiled steps* (``torch.compile``, XLA): ``reduce`` and ``after_update`` are already called
+  inside TensorFlow's ``tf.function`` step, so an exchange built only of graph ops (all of today's)
+  compiles with the step; a torch exchange for a compiled step implements ``reduce`` with
+  functional collectives on the gradients it is given and returns new tensors instead of
+  writing ``p.grad`` through Horovod's hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+#: Version of the per-rank state layout in ``comm_state.npz`` (1: before one format for both
+#: frameworks: torch's local SGD replica as one serialised blob, TensorFlow's top-k error in the
+#: kernel's own layout and its local-SGD counter under ``steps``).
+STATE_FORMAT = 2
+
+
+@runtime_checkable
+class GradientExchange(Protocol):
+    """What both adapters call, at the same points of their update (see the module docstring)."""
+
+    #: The run's :class:`~hvdtrain.core.compression.CommPlan` (None: Horovod's allreduce).
+    plan: Any
+    #: Whether :meth:`state` has anything to keep (decided by the kind of exchange, so the same on
+    #: every rank: the checkpoint's gather is a collective only when it is True).
+    keeps_state: bool
+
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """The gradients every rank applies, from this rank's local ``grads`` (a collective)."""
+
+    def after_update(self) -> None:
+        """Called once after every update, applied or skipped (local SGD may average here)."""
+
+    def sync_replicas(self) -> None:
+        """Make the ranks' models equal now (local SGD; before evaluations). A collective."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """This rank's state for the checkpoint (keys in the module docstring)."""
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Continue from what :meth:`state` returned on this rank (format 1 or 2)."""
+
+    def reset(self) -> None:
+        """Start afresh: a resume on another world size, or an elastic re-formation."""
+
+
+class Stateless:
+    """Mix-in for an exchange with no state and nothing to do after the update."""
+
+    plan: Any = None
+    keeps_state = False
+
+    def after_update(self) -> None:
+        """Nothing to do."""
+
+    def sync_replicas(self) -> None:
+        """The replicas are always equal."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """No state."""
+        return {}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """No state."""
+
+    def reset(self) -> None:
+        """No state."""
+
+
+def state_format(state: dict[str, Any]) -> int:
+    """The layout version of a per-rank ``state`` read from a checkpoint."""
+    return int(state["format"]) if "format" in state else 1
+
+
+def indexed(state: dict[str, np.ndarray], prefix: str) -> dict[int, np.ndarray]:
+    """``{i: array}`` for the keys ``<prefix><i>`` of ``state``, ``prefix`` ending in ``/``."""
+    return {int(key[len(prefix):]): value for key, value in state.items() if key.startswith(prefix)}
+
+
+def replica_key(kind: str, index: int) -> str:
+    """``model/00003``: the key of a local-SGD replica tensor."""
+    return f"{kind}/{index:05d}"
