@@ -93,7 +93,7 @@ def _run_blocked(script: str, repo_root) -> dict:
 @pytest.mark.timeout(60)
 def test_core_imports_without_any_framework(repo_root):
     result = _run_blocked(CORE_SCRIPT, repo_root)
-    expected = {"adapter", "checkpoint", "config", "environment", "loop", "prefetch", "rank0", "registry",
+    expected = {"adapter", "checkpoint", "config", "loop", "prefetch", "rank0", "registry",
                 "schedule", "sharding", "task"}
     assert expected <= set(result["modules"])
     assert "image-classification" in result["recipes"]
