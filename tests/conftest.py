@@ -33,6 +33,7 @@ FEATURES = {  # test file (relative to tests/) -> its feature markers; tests/fas
     "unit/test_compression_config.py": ("compression",),
     "unit/test_pipeline_blocks.py": ("pipeline",),
     "unit/test_pipeline_core.py": ("pipeline",),
+    "unit/test_pipeline_gpipe.py": ("pipeline",),
     "reliability/test_exact_resume.py": ("resume",),
     "reliability/test_world_size_changes.py": ("resume",),
     "reliability/test_compression_resume.py": ("resume", "compression"),
