@@ -206,7 +206,7 @@ def test_mismatched_and_unreachable_hosts_are_named(cluster):
     cluster.add_host("h3")  # read-only shared volume, like h2
     cluster.wait_ssh("h3")
     cluster.exec("h3", "sed", "-i", 's/^__version__ = "\\(.*\\)"/__version__ = "\\1.other"/',
-                 "/opt/hvdtrain/hvdtrain/__init__.py")
+                 "/opt/hvdtrain/hvdtrain/_version.py")
     env = cluster.exec("h1", "hvdtrain", "env", "--hosts", "h1,h3", "-p", str(SSH_PORT), check=False)
     assert env.returncode == 1 and "version mismatch across hosts: hvdtrain: " in env.stderr, env.stderr
     assert re.search(r"hvdtrain: \S+ on h1; \S+\.other on h3", env.stderr), env.stderr
