@@ -12,8 +12,9 @@ replica (one process set per replica). Each replica's batch is split into ``micr
 micro-batches run in a GPipe fill-and-drain schedule of ``M + S - 1`` synchronous ticks forward
 and as many backward; a stage idles in ``S - 1`` of them (the bubble).
 
-Nothing here imports torch or TensorFlow: the framework pipelines (:mod:`hvdtrain.torch.pipeline`,
-:mod:`hvdtrain.tensorflow.pipeline`) use it.
+The schedule itself runs in :mod:`hvdtrain.core.gpipe`, over each framework's stage primitives
+(:mod:`hvdtrain.torch.stage`, :mod:`hvdtrain.tensorflow.stage`). Nothing here imports torch or
+TensorFlow.
 """
 
 from __future__ import annotations

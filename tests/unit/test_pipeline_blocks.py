@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from envguard import isolate_environ
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed" / "workers"))
+
+# what TensorFlow's first import sets in os.environ itself (these tests import it in-process)
+TENSORFLOW_IMPORT_VARIABLES = ("ENABLE_RUNTIME_UPTIME_TELEMETRY", "HDF5_PLUGIN_PATH", "TF2_BEHAVIOR", "TPU_ML_PLATFORM",
+                               "TPU_ML_PLATFORM_VERSION")
 
 
 def run_blocks(blocks, inputs):
@@ -35,7 +41,8 @@ def test_torch_image_blocks_compose_to_the_model(name):
     assert len(blocks) == (2 if name == "small_cnn" else 10)
 
 
-def test_torch_bert_blocks_compose_to_the_model(tmp_path):
+def test_torch_bert_blocks_compose_to_the_model(tmp_path, monkeypatch):
+    isolate_environ(monkeypatch, ("TORCHINDUCTOR_CACHE_DIR",))  # torch sets it when transformers saves the model
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from bert_tiny_model import make_tiny_bert, movie_sentences
@@ -57,7 +64,8 @@ def test_torch_bert_blocks_compose_to_the_model(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["small_cnn", "resnet18"])
-def test_keras_image_blocks_compose_to_the_model(name):
+def test_keras_image_blocks_compose_to_the_model(name, monkeypatch):
+    isolate_environ(monkeypatch, TENSORFLOW_IMPORT_VARIABLES)
     pytest.importorskip("tensorflow")
     import keras
 
@@ -74,7 +82,8 @@ def test_keras_image_blocks_compose_to_the_model(name):
     assert {id(v) for b in blocks for v in b.trainable_variables} == {id(v) for v in model.trainable_variables}
 
 
-def test_keras_bert_blocks_compose_to_the_model(tmp_path):
+def test_keras_bert_blocks_compose_to_the_model(tmp_path, monkeypatch):
+    isolate_environ(monkeypatch, TENSORFLOW_IMPORT_VARIABLES)
     pytest.importorskip("tensorflow")
     pytest.importorskip("keras_hub")
     pytest.importorskip("transformers")

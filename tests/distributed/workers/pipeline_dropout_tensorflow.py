@@ -18,8 +18,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain import ArrayDataset, TrainTask, load_config
-from hvdtrain.tensorflow.pipeline import TensorFlowPipelineAdapter, functional_blocks
+from hvdtrain import ArrayDataset, TrainTask, load_adapter, load_config
+from hvdtrain.tensorflow.stage import functional_blocks
 
 FEATURES, WIDTH, CLASSES = 6, 64, 3
 report_path, ckpt_dir = sys.argv[1], Path(sys.argv[2])
@@ -28,7 +28,7 @@ OVERRIDES = ["train.seed=0", "train.threads=1", "parallel.pipeline_stages=2", "p
 
 
 def make_adapter(config):
-    adapter = TensorFlowPipelineAdapter()
+    adapter = load_adapter("tensorflow", config.parallel.pipeline_stages)
     adapter.init(config)
     keras.utils.set_random_seed(7)
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(WIDTH), keras.layers.Dropout(0.5),
@@ -44,17 +44,17 @@ def make_adapter(config):
 
 
 def seed_states(adapter):
-    own = {id(v) for v in adapter.own_variables}
-    return [np.asarray(v.numpy()).tolist() for v in adapter._seed_states() if id(v) in own]
+    return [np.asarray(v.numpy()).tolist() for v in adapter.pipeline.stage.seed_states()]
 
 
 config = load_config(overrides=OVERRIDES)
 adapter = make_adapter(config)
 adapter.broadcast_state()
 ctx = adapter.context()
-width = FEATURES if adapter.stage == 0 else WIDTH
+stage, place = adapter.pipeline.stage, adapter.placement
+width = FEATURES if place.stage == 0 else WIDTH
 # the stage's output on a fixed input in training mode: equal weights on both replicas, so it differs by the masks
-outputs = [adapter._run_blocks(tf.ones([4, width]), None, True).numpy().tolist() for _ in range(2)]
+outputs = [stage.run_blocks(tf.ones([4, width]), None, True).numpy().tolist() for _ in range(2)]
 before_save = seed_states(adapter)  # the counters moved with the two draws above
 
 adapter.gather_state()
@@ -66,7 +66,7 @@ second = make_adapter(config)
 if ctx.rank == 0:
     second.load_state(ckpt_dir)
 second.broadcast_state()
-rows = hvd.allgather_object({"rank": ctx.rank, "stage": adapter.stage, "replica": adapter.replica, "outputs": outputs,
+rows = hvd.allgather_object({"rank": ctx.rank, "stage": place.stage, "replica": place.replica, "outputs": outputs,
                              "seed_states": before_save, "reloaded_seed_states": seed_states(second)})
 if ctx.rank == 0:
     Path(report_path).write_text(json.dumps(rows))

@@ -13,8 +13,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain import ArrayDataset, TrainTask, load_config
-from hvdtrain.tensorflow.pipeline import TensorFlowPipelineAdapter, functional_blocks
+from hvdtrain import ArrayDataset, TrainTask, load_adapter, load_config
+from hvdtrain.tensorflow.stage import functional_blocks
 
 LR, BATCH, FEATURES, CLASSES = 0.5, 8, 6, 3
 report_path, micro, clip, ckpt_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
@@ -38,7 +38,7 @@ def metric_sums(out, y):
 
 
 def make_adapter(config, perturbed_rank):
-    adapter = TensorFlowPipelineAdapter()
+    adapter = load_adapter("tensorflow", config.parallel.pipeline_stages)
     ctx = adapter.init(config)
     model = make_model()
     if ctx.rank == perturbed_rank:  # a different init on one rank: the broadcast (or the load) must fix it
@@ -53,7 +53,7 @@ def make_adapter(config, perturbed_rank):
 def named(model, adapter):
     """This stage's trainable values keyed by their index in the whole model (layer names differ between
     model instances)."""
-    own = {id(v) for v in adapter.trainable}
+    own = {id(v) for v in adapter.pipeline.stage.trainable}
     return {i: np.asarray(v.numpy(), np.float64) for i, v in enumerate(model.trainable_variables) if id(v) in own}
 
 
@@ -79,7 +79,7 @@ for step in range(4):
     y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
     adapter.train_step(x, y)
 own = named(model, adapter)
-flats = hvd.allgather_object((ctx.rank, adapter.stage, np.concatenate([v.reshape(-1) for v in own.values()])))
+flats = hvd.allgather_object((ctx.rank, adapter.placement.stage, np.concatenate([v.reshape(-1) for v in own.values()])))
 
 adapter.gather_state()
 if ctx.rank == 0:
@@ -123,7 +123,8 @@ if ctx.rank == 0:
         reloaded_all.update(part)
     plain_values = {i: np.asarray(v.numpy(), np.float64) for i, v in enumerate(plain.trainable_variables)}
     report = {
-        "world_size": ctx.size, "replicas": replicas, "stages": adapter.layout.stages, "bounds": adapter.bounds,
+        "world_size": ctx.size, "replicas": replicas, "stages": adapter.placement.layout.stages,
+        "bounds": adapter.pipeline.stage.bounds,
         "loss": float(np.mean([l for _, l in losses])), "ref_loss": float(ref_loss),
         "grad_max_abs_error": max(errors), "grad_max_abs": max(float(np.abs(g).max()) for g in expected.values()),
         "grad_norm": total, "updated_names": sorted(got), "ref_names": sorted(expected),

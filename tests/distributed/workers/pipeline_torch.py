@@ -18,8 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hvdtrain import ArrayDataset, TrainTask, load_config
-from hvdtrain.torch.pipeline import TorchPipelineAdapter
+from hvdtrain import ArrayDataset, TrainTask, load_adapter, load_config
 
 LR, BATCH, FEATURES, CLASSES = 0.5, 8, 6, 3
 report_path, micro, clip, ckpt_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
@@ -41,7 +40,7 @@ def metric_sums(out, y):
 
 
 def make_adapter(config, perturbed_rank):
-    adapter = TorchPipelineAdapter()
+    adapter = load_adapter("torch", config.parallel.pipeline_stages)
     ctx = adapter.init(config)
     model = make_model()
     if ctx.rank == perturbed_rank:  # a different init on one rank: the broadcast (or the load) must fix it
@@ -56,7 +55,8 @@ def make_adapter(config, perturbed_rank):
 config = load_config(overrides=OVERRIDES)
 adapter, ctx, model = make_adapter(config, perturbed_rank=3)  # stage 1 of replica 1
 adapter.broadcast_state()
-own = {n: p for n, p in model.named_parameters() if n in adapter.own_names}
+my_stage = adapter.pipeline.stage  # this rank's stage: its own parameters, the cut
+own = {n: p for n, p in model.named_parameters() if n in my_stage.own_names}
 initial = {n: p.detach().clone() for n, p in own.items()}
 
 rng = np.random.default_rng(1234)
@@ -75,7 +75,8 @@ for step in range(4):  # replica-specific data: the stage's allreduce must keep 
     x = rng.standard_normal((BATCH, FEATURES)).astype(np.float32) + ctx.replica
     y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
     adapter.train_step(x, y)
-flats = hvd.allgather_object((ctx.rank, adapter.stage, torch.cat([p.detach().reshape(-1) for p in own.values()])))
+flats = hvd.allgather_object((ctx.rank, adapter.placement.stage,
+                              torch.cat([p.detach().reshape(-1) for p in own.values()])))
 
 # checkpoint: the pipeline writes the un-cut format (rank 0), a second pipeline adapter reads it back
 adapter.gather_state()
@@ -88,7 +89,8 @@ second, _, model2 = make_adapter(config, perturbed_rank=1)  # stage 1's root: th
 if ctx.rank == 0:
     second.load_state(ckpt_dir)
 second.broadcast_state()
-reloaded = hvd.allgather_object({n: p.detach() for n, p in model2.named_parameters() if n in second.own_names})
+second_own = second.pipeline.stage.own_names
+reloaded = hvd.allgather_object({n: p.detach() for n, p in model2.named_parameters() if n in second_own})
 trained = hvd.allgather_object({n: p.detach() for n, p in own.items()})
 
 if ctx.rank == 0:
@@ -120,8 +122,8 @@ if ctx.rank == 0:
     optimizer = torch.optim.SGD(plain.parameters(), lr=LR)
     optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
     report = {
-        "world_size": ctx.size, "replicas": replicas, "stages": adapter.layout.stages,
-        "bounds": adapter.bounds, "loss": float(np.mean([l for _, l in losses])), "ref_loss": float(ref_loss),
+        "world_size": ctx.size, "replicas": replicas, "stages": adapter.placement.layout.stages,
+        "bounds": my_stage.bounds, "loss": float(np.mean([l for _, l in losses])), "ref_loss": float(ref_loss),
         "grad_max_abs_error": max(errors), "grad_max_abs": max(float(g.abs().max()) for g in grads.values()),
         "grad_norm": float(total), "updated_names": sorted(got), "ref_names": sorted(grads),
         "eval_loss_sum": eval_sums["loss_sum"], "eval_count": eval_sums["count"], "eval_correct": eval_sums["correct"],
