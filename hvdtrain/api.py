@@ -93,7 +93,7 @@ def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: 
     ``ssh_identity_file``: horovodrun's ``-p``/``-i``) and need the same environment and paths;
     ``network_interfaces`` (``"eth0"``) picks the interface(s) Horovod uses between hosts. Before
     any worker starts, every remote host is checked: one that SSH cannot reach, or that has another
-    hvdtrain, Python, framework or Horovod version, raises :class:`~hvdtrain.core.hosts.HostError`
+    hvdtrain, Python, framework or Horovod version, raises :class:`~hvdtrain.tools.hosts.HostError`
     naming it. Config arguments are those of :func:`resolve_config`. Raises :class:`WorkerError`
     (with the failing worker's traceback) if any worker fails; no worker outlives the call.
     """
@@ -111,7 +111,7 @@ def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: 
 
 def _check_hosts(hosts: str, ssh_port: int | None, ssh_identity_file: str | None) -> None:
     """Every remote host reachable over SSH, with this host's versions (else HostError naming it)."""
-    from hvdtrain.core import hosts as host_checks
+    from hvdtrain.tools import hosts as host_checks
 
     if all(host_checks.is_local(name) for name, _ in host_checks.parse_hosts(hosts)):
         return

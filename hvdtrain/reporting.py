@@ -78,7 +78,7 @@ def load_run(run_dir: str | Path) -> RunData:
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
     steps: dict[str, list[tuple[int, float]]] = {}
     try:
-        from hvdtrain.core.tensorboard_log import read_scalars
+        from hvdtrain.observability.tensorboard_log import read_scalars
 
         steps = read_scalars(run_dir)
     except ImportError:

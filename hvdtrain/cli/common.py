@@ -10,7 +10,7 @@ import click
 from hvdtrain.core.adapter import FrameworkMissingError
 from hvdtrain.core.checkpoint import CheckpointError
 from hvdtrain.core.config import ConfigError
-from hvdtrain.core.hosts import HostError
+from hvdtrain.tools.hosts import HostError
 from hvdtrain.core.loop import TrainingError
 from hvdtrain.core.registry import RecipeError
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
-from hvdtrain.core.hosts import describe_workers
+from hvdtrain.tools.hosts import describe_workers
 from hvdtrain.core.rank0 import RankZeroGate
 
 # A failed collective inside a tf.function surfaces as TensorFlow's UnknownError with one of these

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.core.comm import horovod_comm_variables
-from hvdtrain.core.hosts import check_gloo_hostname
+from hvdtrain.tools.hosts import check_gloo_hostname
 
 LAUNCHER_VARIABLES = (
     "HOROVOD_RANK",  # horovodrun --gloo

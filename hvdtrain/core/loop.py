@@ -35,7 +35,7 @@ from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager, atomic_write_text
 from hvdtrain.core.config import RunConfig, dump_yaml
 from hvdtrain.core.errors import TrainingError
-from hvdtrain.core.hosts import describe_workers
+from hvdtrain.tools.hosts import describe_workers
 from hvdtrain.core.prefetch import prefetch
 from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.registry import get_builder, get_recipe
@@ -126,7 +126,7 @@ class Trainer:
             plan = resume.plan_start(cfg, manager, output) if ctx.is_main else {"checkpoint": None}
         else:
             plan = adapter.broadcast_object(resume.plan_start(cfg, manager, output) if ctx.is_main else None)
-            where = describe_workers(adapter)  # hvdtrain.core.hosts: same versions on every host
+            where = describe_workers(adapter)  # hvdtrain.tools.hosts: same versions on every host
             if where:
                 gate.print(where)
         if plan.get("error"):

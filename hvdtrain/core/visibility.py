@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.faults import FaultInjection
-from hvdtrain.core.progress import ProgressBar
-from hvdtrain.core.tensorboard_log import TensorBoardCallback
+from hvdtrain.observability.progress import ProgressBar
+from hvdtrain.observability.tensorboard_log import TensorBoardCallback
 from hvdtrain.core.watchdog import StallWatchdog, WatchdogCallback
 
 

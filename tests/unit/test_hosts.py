@@ -1,4 +1,4 @@
-"""hvdtrain.core.hosts without a cluster: -H parsing, version comparison, the workers line, SSH
+"""hvdtrain.tools.hosts without a cluster: -H parsing, version comparison, the workers line, SSH
 errors naming the host (a name that does not resolve), and docker/pip_relay.py's rewriting and
 serving of local pip sources."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.core import hosts
+from hvdtrain.tools import hosts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,7 +122,7 @@ def test_pip_relay_serves_local_sources_and_hides_the_rest(tmp_path):
 def test_gloo_across_hosts_refuses_a_hostname_on_loopback(monkeypatch):
     """Horovod 0.28's Gloo process sets bind to the address of the host's name: a name on 127.x
     across hosts is named before hvd.init() aborts deep in Gloo; one host, or MPI, is not checked."""
-    from hvdtrain.core import hosts
+    from hvdtrain.tools import hosts
 
     monkeypatch.setattr(hosts.socket, "gethostname", lambda: "node7")
     monkeypatch.setattr(hosts.socket, "gethostbyname", lambda name: "127.0.1.1")

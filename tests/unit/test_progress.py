@@ -8,7 +8,7 @@ import pytest
 
 from hvdtrain.core.adapter import DistContext
 from hvdtrain.core.resolve import load_config
-from hvdtrain.core.progress import CLEAR_LINE, ProgressBar, format_duration, render_bar
+from hvdtrain.observability.progress import CLEAR_LINE, ProgressBar, format_duration, render_bar
 
 
 class Terminal(io.StringIO):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hvdtrain.core.adapter import DistContext
 from hvdtrain.core.resolve import load_config
-from hvdtrain.core.tensorboard_log import TensorBoardCallback, event_files, read_scalars
+from hvdtrain.observability.tensorboard_log import TensorBoardCallback, event_files, read_scalars
 from hvdtrain.core.visibility import default_callbacks
 
 STEPS = 4
@@ -73,7 +73,7 @@ def test_writer_works_with_torch_and_tensorflow_blocked(tmp_path, repo_root):
         sys.meta_path.insert(0, Blocker())
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_tensorboard_log import _train
-        from hvdtrain.core.tensorboard_log import read_scalars
+        from hvdtrain.observability.tensorboard_log import read_scalars
         _train({str(tmp_path)!r})
         print(sorted(read_scalars({str(tmp_path)!r})))
     """)
