@@ -30,7 +30,9 @@ The exchanges, each in both frameworks (``hvdtrain/<framework>/compression.py``)
 
 * ``Allreduce``: Horovod's own allreduce, average or Adasum, optional float16 on the wire. In
   torch it is ``hvd.DistributedOptimizer``: its hooks start each gradient's allreduce during the
-  backward pass (overlap), and ``reduce`` is ``synchronize()``. In TensorFlow it is the function
+  backward pass (overlap), and ``reduce`` is ``synchronize()`` (torch's exchanges also give
+  ``stepping()``, the context around ``optimizer.step()``: Horovod's ``skip_synchronize()`` here,
+  nothing for the others, whose optimizer is the recipe's own). In TensorFlow it is the function
   ``hvd.DistributedGradientTape`` applies to the tape's gradients, so the graph is the one the
   tape builds (each allreduce runs as soon as its gradient exists). No state.
 * ``PowerSGD`` and ``TopK`` (error feedback; :mod:`hvdtrain.core.compression` describes them).
