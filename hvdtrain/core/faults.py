@@ -72,6 +72,12 @@ def parse_faults(text: str | None) -> list[Fault]:
 _FAULTS = parse_faults(os.environ.get("HVDTRAIN_FAULT"))
 
 
+def load_faults() -> None:
+    """Read ``HVDTRAIN_FAULT`` again (a run started in-process after the variable was set)."""
+    global _FAULTS
+    _FAULTS = parse_faults(os.environ.get("HVDTRAIN_FAULT"))
+
+
 def active(kind: str, rank: int, step: int) -> bool:
     """True if a fault of ``kind`` is set for this rank and step."""
     return any(f.matches(kind, rank, step) for f in _FAULTS)
@@ -105,6 +111,7 @@ class FaultInjection(Callback):
     rank = 0
 
     def on_train_begin(self, ctx: Any, info: dict[str, Any]) -> None:
+        load_faults()  # the variable as it is when training starts, not when this module was imported
         self.rank = ctx.rank  # again after an elastic re-form: faults name the rank of the moment
 
     def on_step_begin(self, epoch: int, step: int, logs: dict[str, Any]) -> None:

@@ -13,8 +13,8 @@ order. The loop only loops; each concern it drives lives in its own module:
 
 Progress is the position in the data, (epoch, samples consumed), which means the same for any
 number of workers: the LR schedule is evaluated at it (:func:`~hvdtrain.core.schedule.schedule_step`)
-and checkpoints are ordered by it. The optimizer-step counter only counts the updates actually
-taken; it is carried unchanged across resumes and re-forms, so step checkpoint names never repeat.
+and checkpoints are ordered by it. The optimizer-step counter counts the updates run (a skipped
+non-finite one included), carried across resumes and re-forms: step checkpoint names never repeat.
 Before every evaluation and mid-epoch checkpoint the model's running statistics (BatchNorm) are
 averaged over the ranks, so every rank evaluates, and rank 0 saves, one and the same model.
 """

@@ -60,3 +60,12 @@ def test_skip_without_bad_gradients_reports_nothing(tmp_path):
     assert all("skipped_updates" not in r for r in run.metrics())
     assert len(run.adapter.applied_lrs) == 24
     assert not re.search("skipped", (tmp_path / "metrics.jsonl").read_text())
+
+
+def test_the_nan_fault_read_when_training_starts(tmp_path, monkeypatch):
+    """HVDTRAIN_FAULT set after hvdtrain was imported still fires: the callback reads it at the start."""
+    register_toy_recipe()
+    monkeypatch.setenv("HVDTRAIN_FAULT", "nan:step=5")
+    run = fit(tmp_path, "train.nonfinite=skip")
+    assert run.metrics()[0]["skipped_updates"] == 1
+    assert len(run.adapter.applied_lrs) == 24 - 1

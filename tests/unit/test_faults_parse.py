@@ -31,7 +31,8 @@ def test_fault_injection_callback_poisons_the_weight_and_raises_on_its_rank_and_
 
     from hvdtrain.core import faults
 
-    monkeypatch.setattr(faults, "_FAULTS", parse_faults("nan:rank=1:step=3,raise:rank=1:step=5"))
+    monkeypatch.setenv("HVDTRAIN_FAULT", "nan:rank=1:step=3,raise:rank=1:step=5")  # read at on_train_begin
+    monkeypatch.setattr(faults, "_FAULTS", [])
     callback = faults.FaultInjection()
     callback.on_train_begin(SimpleNamespace(rank=1), {})
     weights = []
