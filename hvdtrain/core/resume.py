@@ -99,12 +99,27 @@ def plan_start(config: RunConfig, manager: CheckpointManager, output: Path) -> d
         notes += manager.set_aside(damaged)  # out of the way of the checkpoints this run will write, but kept
         if latest is None:
             notes.append(f"--resume: no usable checkpoint in {manager.directory}; starting from scratch")
+            abandoned = set_metrics_aside(output)
+            if abandoned:
+                notes.append(f"the abandoned run's {METRICS_FILE} was moved to {abandoned.name}")
             return {"checkpoint": None, "notes": notes}
         if damaged:
             notes.append(f"falling back to checkpoint {latest.path}")
         return {"checkpoint": str(latest.path), "manifest": latest.manifest, "notes": notes}
     except Exception as exc:  # every rank must hear about it, or the others hang in the broadcast
         return {"error": str(exc)}
+
+
+def set_metrics_aside(output: Path) -> Path | None:
+    """Move a run's ``metrics.jsonl`` out of the way of a run that starts from scratch (kept, under
+    a name no other run uses); returns where it went, or None when there was none."""
+    path = output / METRICS_FILE
+    if not path.is_file():
+        return None
+    n = 1
+    while (output / f"{METRICS_FILE}.abandoned-{n}").exists():
+        n += 1
+    return path.rename(output / f"{METRICS_FILE}.abandoned-{n}")
 
 
 def previous_history(output: Path, upto_epoch: int) -> list[dict[str, Any]]:
