@@ -183,17 +183,16 @@ class FrameworkAdapter(ABC):
 
 _ADAPTERS = {"torch": ("hvdtrain.torch", "TorchAdapter", "torch"),
              "tensorflow": ("hvdtrain.tensorflow", "TensorFlowAdapter", "tensorflow")}
-# parallel.pipeline_stages > 1: the same interface, the model cut into stages across ranks
-_PIPELINE_ADAPTERS = {"torch": ("hvdtrain.torch.pipeline", "TorchPipelineAdapter", "torch"),
-                      "tensorflow": ("hvdtrain.tensorflow.pipeline", "TensorFlowPipelineAdapter", "tensorflow")}
 
 
 def load_adapter(framework: str, pipeline_stages: int = 1) -> FrameworkAdapter:
-    """An adapter instance for ``framework`` (its pipeline adapter when ``pipeline_stages > 1``),
-    or a clear error naming what to install."""
+    """An adapter instance for ``framework``, or a clear error naming what to install. The same
+    adapter serves ``parallel.pipeline_stages > 1``: it reads the stages from the config in
+    ``init`` and then holds its stage (:class:`hvdtrain.core.gpipe.GPipe`); ``pipeline_stages`` is
+    accepted for callers that name it."""
     if framework not in _ADAPTERS:
         raise ValueError(f"framework {framework!r} is not supported; choose one of: {', '.join(FRAMEWORKS)}")
-    module_name, class_name, extra = (_PIPELINE_ADAPTERS if pipeline_stages > 1 else _ADAPTERS)[framework]
+    module_name, class_name, extra = _ADAPTERS[framework]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -37,12 +37,19 @@ state to every rank (which keeps its own part), then each stage's replica 0 broa
 over the stage's set, so the replicas of a stage start equal.
 
 The framework side is a :class:`Stage` (``hvdtrain.torch.stage`` / ``hvdtrain.tensorflow.stage``):
-primitives only. Every collective name used here is the same on every rank and in both frameworks.
-Nothing here imports torch or TensorFlow.
+primitives only. The data-parallel adapter of each framework holds the driver: with
+``parallel.pipeline_stages > 1`` its ``init`` opens ``adapter.pipeline`` (:meth:`GPipe.open`: this
+rank's :class:`Placement`), and its ``prepare``, steps and model-state methods hand over to it
+(:data:`PIPELINED`, :func:`pipelined`; :meth:`GPipe.prepare` makes the stage); learning rate, RNG
+state, object collectives and sums stay the adapter's own. Every collective name used here is the
+same on every rank and in both frameworks. Nothing here imports torch or TensorFlow (the stage
+layer is imported by name).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 import os
 from dataclasses import dataclass, replace
@@ -54,9 +61,16 @@ from hvdtrain.core.pipeline import (Layout, backward_ticks, forward_ticks, model
                                     stage_blocks, tensor_owners)
 
 
-def enable_process_sets() -> None:
-    """Let Horovod add process sets after ``hvd.init()`` (the stage and replica sets); call before it."""
-    os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+# the framework stage layers, by adapter name (imported by name: core imports no framework)
+STAGE_CLASSES = {"torch": ("hvdtrain.torch.stage", "TorchStage"),
+                 "tensorflow": ("hvdtrain.tensorflow.stage", "TensorFlowStage")}
+
+
+def enable_process_sets(config: Any) -> None:
+    """With ``parallel.pipeline_stages > 1``, let Horovod add process sets after ``hvd.init()``
+    (the stage and replica sets); call before it. Without pipeline stages: nothing."""
+    if config.parallel.pipeline_stages > 1:
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,7 @@ class Placement:
 
     @classmethod
     def open(cls, hvd: Any, stages: int) -> "Placement":
-        """This rank's place for ``parallel.pipeline_stages = stages``, opening the process sets (a
+        """This rank's place with ``stages`` pipeline stages, opening the process sets (a
         collective: every rank, in the same order). ``hvd`` is the framework's Horovod module,
         initialised after :func:`enable_process_sets`."""
         layout = Layout.for_world(hvd.size(), stages)
@@ -139,6 +153,33 @@ class Cut:
     def stage_of(self, tensor: Any) -> int:
         """The stage owning ``tensor`` (a tensor no block holds: stage 0)."""
         return self.owner.get(id(tensor), 0)
+
+
+# the adapter methods a pipeline takes over; the rest (learning rate, RNG state, object collectives,
+# sums, elastic mode, which the rulebook refuses with pipeline stages) stay the adapter's own
+PIPELINED = ("prepare", "train_step", "eval_step", "broadcast_state", "sync_model_buffers", "gather_state",
+             "state_is_finite", "save_state", "load_state")
+
+
+def pipelined(adapter_class: type) -> type:
+    """Class decorator for a data-parallel adapter: each method in :data:`PIPELINED` goes to
+    ``adapter.pipeline`` (a :class:`GPipe`, opened by the adapter's ``init`` with pipeline stages)
+    when there is one, with the same arguments; otherwise the adapter's own method runs. Adds the
+    attribute ``pipeline = None``."""
+    for name in PIPELINED:
+        setattr(adapter_class, name, _to_pipeline(name, getattr(adapter_class, name)))
+    adapter_class.pipeline = None
+    return adapter_class
+
+
+def _to_pipeline(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.pipeline is not None:
+            return getattr(self.pipeline, name)(*args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return dispatch
 
 
 def slice_batch(inputs: Any, start: int, stop: int) -> Any:
@@ -245,17 +286,40 @@ class Stage(Protocol):
 
 class GPipe:
     """Runs the GPipe schedule, the update and the state movement of one rank's stage through
-    ``stage``'s primitives. The adapter method of the same name delegates to each public method."""
+    ``stage``'s primitives. A data-parallel adapter holds one in ``adapter.pipeline`` when the run
+    has pipeline stages (else None; :meth:`open` in its ``init``) and hands it the methods in
+    :data:`PIPELINED` (:func:`pipelined`). ``stage`` is given here or made by :meth:`prepare`."""
 
-    def __init__(self, stage: Stage, config: Any):
-        self.stage = stage
-        self.placement = stage.placement
+    def __init__(self, placement: Placement, config: Any, stage: Stage | None = None, adapter: Any = None):
+        self.placement, self.stage, self.adapter = placement, stage, adapter
         self.micro_batches = config.parallel.micro_batches
         self.grad_clip_norm = config.optim.grad_clip_norm
         self.nonfinite = config.train.nonfinite
         self._metric_keys: list[str] | None = None
         self._pending: dict[str, Any] | None = None  # a checkpoint rank 0 loaded, until broadcast_state
         self._gathered: list[dict[str, Any]] | None = None  # every stage's state on rank 0, until save_state
+
+    @classmethod
+    def open(cls, adapter: Any, hvd: Any, config: Any) -> "GPipe | None":
+        """For ``adapter`` (right after ``hvd.init()``): the driver of this rank's place with
+        ``parallel.pipeline_stages > 1``, its process sets opened (a collective); None without
+        pipeline stages. ``hvd``: the framework's Horovod module."""
+        if config.parallel.pipeline_stages <= 1:
+            return None
+        return cls(Placement.open(hvd, config.parallel.pipeline_stages), config, adapter=adapter)
+
+    def prepare(self, task: Any, config: Any) -> None:
+        """Cut ``task``'s model and make this rank's stage: the stage layer of the adapter's
+        framework (:data:`STAGE_CLASSES`), given the adapter (device, batch transfer, skip counter).
+        The adapter's ``task``, ``model`` and ``optimizer`` become the task's and the stage's (its
+        own methods that stay, such as the learning rate's, use them)."""
+        module, name = STAGE_CLASSES[self.adapter.name]
+        self.stage = getattr(importlib.import_module(module), name)(self.adapter, task, config, self.placement)
+        self.adapter.task, self.adapter.model, self.adapter.optimizer = task, task.model, self.stage.optimizer
+
+    def context(self, ctx: Any) -> Any:
+        """The adapter's ``ctx`` with this rank's replica (:meth:`Placement.context`)."""
+        return self.placement.context(ctx)
 
     @property
     def layout(self) -> Layout:
@@ -308,9 +372,10 @@ class GPipe:
                     grads_in[row[s + 1]] = stage.unpack(got, False)
         return loss_sum
 
-    def train_step(self, inputs: Any, targets: Any) -> float:
-        """One optimizer step on this replica's batch (no accumulation: the micro-batches are the
-        accumulation). Returns the batch's mean loss, the same on every stage of the replica."""
+    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> float:
+        """One optimizer step on this replica's batch (``apply_update`` and ``weight``, the
+        adapter's accumulation arguments, do not apply: the micro-batches are the accumulation).
+        Returns the batch's mean loss, the same on every stage of the replica."""
         inputs, targets, n = self.stage.begin(inputs, targets, training=True)
         sizes = split_sizes(n, self.micro_batches)
         loss_sum = self._backward(self._forward(inputs, targets, sizes, training=True), sizes)
@@ -408,78 +473,3 @@ class GPipe:
         """Rank 0: read a checkpoint (un-cut format); :meth:`broadcast_state` hands it out."""
         self._pending = self.stage.read_checkpoint(Path(directory))
 
-
-class StagedAdapter:
-    """Mixed in before a data-parallel adapter (``class X(StagedAdapter, TorchAdapter)``): the
-    adapter methods that differ with pipeline stages go to a :class:`GPipe` over the framework's
-    ``stage_class``; the rest (learning rate, RNG, objects, sums) stay the data-parallel adapter's.
-    ``horovod``: the framework's Horovod module."""
-
-    stage_class: Any = None
-    horovod: Any = None
-    placement: Placement | None = None  # set by init()
-    pipeline: GPipe | None = None  # set by prepare()
-
-    def init(self, config: Any) -> Any:
-        """The data-parallel init with process sets enabled; then this rank's place in the grid."""
-        enable_process_sets()
-        super().init(config)  # type: ignore[misc]
-        self.placement = Placement.open(self.horovod, config.parallel.pipeline_stages)
-        return self.context()
-
-    def context(self) -> Any:
-        """The data-parallel context with this rank's replica (its data shard)."""
-        ctx = super().context()  # type: ignore[misc]
-        if self.placement is not None:
-            self.ctx = ctx = self.placement.context(ctx)
-        return ctx
-
-    def prepare(self, task: Any, config: Any) -> None:
-        """Cut the model and build this rank's stage (no data-parallel wrapping: the stage reduces)."""
-        stage = self.stage_class(self, task, config, self.placement)
-        self.task, self.model, self.optimizer = task, task.model, stage.optimizer
-        self.pipeline = GPipe(stage, config)
-
-    def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> float:
-        """One GPipe step on the whole batch (``weight``: always the whole batch, no accumulation)."""
-        return self.pipeline.train_step(inputs, targets)
-
-    def eval_step(self, inputs: Any, targets: Any) -> dict[str, float]:
-        """See :meth:`GPipe.eval_step`."""
-        return self.pipeline.eval_step(inputs, targets)
-
-    def broadcast_state(self, root_rank: int = 0) -> None:
-        """See :meth:`GPipe.broadcast_state`."""
-        self.pipeline.broadcast_state(root_rank)
-
-    def sync_model_buffers(self) -> None:
-        """See :meth:`GPipe.sync_model_buffers`."""
-        self.pipeline.sync_model_buffers()
-
-    def gather_state(self) -> None:
-        """See :meth:`GPipe.gather_state`."""
-        self.pipeline.gather_state()
-
-    def state_is_finite(self) -> bool:
-        """See :meth:`GPipe.state_is_finite`."""
-        return self.pipeline.state_is_finite()
-
-    def save_state(self, directory: Path) -> None:
-        """See :meth:`GPipe.save_state`."""
-        self.pipeline.save_state(directory)
-
-    def load_state(self, directory: Path) -> None:
-        """See :meth:`GPipe.load_state`."""
-        self.pipeline.load_state(directory)
-
-    def snapshot(self) -> Any:
-        """Elastic mode is refused with pipeline stages (:mod:`hvdtrain.core.rules`)."""
-        raise NotImplementedError("pipeline stages do not support elastic mode")
-
-    def restore_snapshot(self, snapshot: Any) -> None:
-        """Elastic mode is refused with pipeline stages."""
-        raise NotImplementedError("pipeline stages do not support elastic mode")
-
-    def elastic_reset(self) -> None:
-        """Elastic mode is refused with pipeline stages."""
-        raise NotImplementedError("pipeline stages do not support elastic mode")

@@ -29,6 +29,7 @@ from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradie
 from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
+from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.tensorflow.compression import Allreduce, build_exchange, tf_variables
@@ -52,17 +53,24 @@ def _as_tensor(value: Any) -> Any:
     return tf.convert_to_tensor(value)
 
 
+@pipelined
 class TensorFlowAdapter(FrameworkAdapter):
     """Gradients exchanged by the run's :mod:`~hvdtrain.core.exchange` (by default Horovod's
     allreduce as ``hvd.DistributedGradientTape`` runs it: optional fp16 compression, average or
     Adasum; with gradient accumulation, local sums then one grouped allreduce); variables broadcast
-    from rank 0."""
+    from rank 0.
+
+    With ``parallel.pipeline_stages > 1`` the adapter holds this rank's stage of the cut model in
+    ``pipeline`` (a :class:`~hvdtrain.core.gpipe.GPipe` over
+    :class:`hvdtrain.tensorflow.stage.TensorFlowStage`) and hands it the steps and the model state;
+    the rest (learning rate, RNG, objects, sums) stays."""
 
     name = "tensorflow"
 
     def init(self, config: Any) -> DistContext:
         train_config = config.train
         prepare_horovod_environment(config)  # comm options become HOROVOD_* variables before init
+        enable_process_sets(config)  # pipeline stages: their process sets are added after init
         hvd.init()
         threads = train_config.threads or max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
         tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -77,6 +85,7 @@ class TensorFlowAdapter(FrameworkAdapter):
             tf.config.experimental.enable_op_determinism()
         keras.mixed_precision.set_global_policy(
             {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[train_config.mixed_precision])
+        self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
         self._collective_id = 0
         return self.context()
 
@@ -257,6 +266,8 @@ class TensorFlowAdapter(FrameworkAdapter):
     def context(self) -> DistContext:
         self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
                                mpi=hvd.mpi_enabled(), gpu=bool(tf.config.list_logical_devices("GPU")))
+        if self.pipeline is not None:  # pipeline stages: the data shard is the replica's
+            self.ctx = self.pipeline.context(self.ctx)
         return self.ctx
 
     def snapshot(self) -> Any:

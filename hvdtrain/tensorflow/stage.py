@@ -28,7 +28,8 @@ import tensorflow as tf
 from hvdtrain.core.gpipe import Cut, Placement
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.tensorflow.adapter import (MODEL_FILE, OPTIMIZER_FILE, _as_tensor, _load_variables, _save_variables,
-                                         offset_seed_states, tf_variables)
+                                         offset_seed_states)
+from hvdtrain.tensorflow.compression import tf_variables
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 

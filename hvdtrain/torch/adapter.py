@@ -28,6 +28,7 @@ from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradie
 from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
+from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch.compression import Allreduce, build_exchange
@@ -42,16 +43,22 @@ def default_threads(local_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local_size))
 
 
+@pipelined
 class TorchAdapter(FrameworkAdapter):
     """Gradients exchanged by the run's :mod:`~hvdtrain.core.exchange` (by default
     ``hvd.DistributedOptimizer``: named parameters, optional fp16 compression,
-    ``backward_passes_per_step`` accumulation, average or Adasum); state broadcast from rank 0."""
+    ``backward_passes_per_step`` accumulation, average or Adasum); state broadcast from rank 0.
+
+    With ``parallel.pipeline_stages > 1`` the adapter holds this rank's stage of the cut model in
+    ``pipeline`` (a :class:`~hvdtrain.core.gpipe.GPipe` over :class:`hvdtrain.torch.stage.TorchStage`)
+    and hands it the steps and the model state; the rest (learning rate, RNG, objects, sums) stays."""
 
     name = "torch"
 
     def init(self, config: Any) -> DistContext:
         train_config = config.train
         prepare_horovod_environment(config)  # comm options become HOROVOD_* variables before init
+        enable_process_sets(config)  # pipeline stages: their process sets are added after init
         hvd.init()
         torch.set_num_threads(train_config.threads or default_threads(hvd.local_size()))
         random.seed(train_config.seed)
@@ -66,6 +73,7 @@ class TorchAdapter(FrameworkAdapter):
             torch.backends.cudnn.benchmark = not train_config.deterministic
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
         return self.context()
 
     def prepare(self, task: Any, config: Any) -> None:
@@ -257,6 +265,8 @@ class TorchAdapter(FrameworkAdapter):
     def context(self) -> DistContext:
         self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
                                mpi=hvd.mpi_enabled(), gpu=self.device.type == "cuda")
+        if self.pipeline is not None:  # pipeline stages: the data shard is the replica's
+            self.ctx = self.pipeline.context(self.ctx)
         return self.ctx
 
     def snapshot(self) -> Any:

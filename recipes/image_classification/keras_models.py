@@ -117,7 +117,7 @@ def pipeline_blocks(model: keras.Model) -> list[keras.Model]:
     """``model`` as ordered sub-models sharing its layers, for pipeline stages: small_cnn's features |
     classifier; ResNet-18's stem, each residual block, then the pooling head; ResNet-50's stem and
     each bottleneck block (``*_out``), then the head."""
-    from hvdtrain.tensorflow.pipeline import functional_blocks
+    from hvdtrain.tensorflow.stage import functional_blocks
 
     if model.name == "small_cnn":
         cuts = [next(layer for layer in model.layers if isinstance(layer, layers.Flatten))]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from hvdtrain.core.adapter import NonFiniteGradientError
-from hvdtrain.core.gpipe import GPipe, Placement, slice_batch
+from hvdtrain.core.gpipe import PIPELINED, GPipe, Placement, pipelined, slice_batch
 from hvdtrain.core.pipeline import Layout, stage_blocks
 
 WIDTH, BLOCKS, LR = 3, 4, 0.1
@@ -214,7 +214,7 @@ def test_a_step_equals_the_uncut_model(stages, replicas, micro, bounds, clip):
     weights, places = initial_weights(), placements(stages, replicas)
     world = World(stages * replicas)
     x, t = batches(replicas, 5)  # 5 samples: micro-batches of unequal sizes
-    drivers = [GPipe(NumpyStage(world, p, weights, bounds), config(micro, clip)) for p in places]
+    drivers = [GPipe(p, config(micro, clip), NumpyStage(world, p, weights, bounds)) for p in places]
 
     def work(rank):
         place = places[rank]
@@ -239,7 +239,7 @@ def test_evaluation_keys_are_the_last_stages_everywhere():
     weights, places = initial_weights(), placements(2, 2)
     world = World(4)
     x, t = batches(2, 4)
-    drivers = [GPipe(NumpyStage(world, p, weights, [2]), config(2)) for p in places]
+    drivers = [GPipe(p, config(2), NumpyStage(world, p, weights, [2])) for p in places]
     sums = run_ranks(2, 2, lambda r: drivers[r].eval_step(x[places[r].replica], t[places[r].replica]))
     assert all(sorted(s) == ["count", "loss_sum", "positive"] for s in sums)
     for rank, s in enumerate(sums):
@@ -253,7 +253,7 @@ def test_evaluation_keys_are_the_last_stages_everywhere():
 def test_gather_save_load_broadcast_restores_every_stage(tmp_path):
     places, trained = placements(2, 2), initial_weights(3)
     world = World(4)
-    drivers = [GPipe(NumpyStage(world, p, trained, [2]), config(2)) for p in places]
+    drivers = [GPipe(p, config(2), NumpyStage(world, p, trained, [2])) for p in places]
 
     def save(rank):
         drivers[rank].gather_state()
@@ -262,7 +262,7 @@ def test_gather_save_load_broadcast_restores_every_stage(tmp_path):
             drivers[rank].save_state(tmp_path)
 
     run_ranks(2, 2, save)
-    fresh = [GPipe(NumpyStage(world, p, initial_weights(rank), [2]), config(2)) for rank, p in enumerate(places)]
+    fresh = [GPipe(p, config(2), NumpyStage(world, p, initial_weights(rank), [2])) for rank, p in enumerate(places)]
 
     def load(rank):
         if rank == 0:
@@ -281,7 +281,7 @@ def test_a_nonfinite_gradient_is_decided_the_same_on_every_rank(policy):
     world = World(4)
     x, t = batches(2, 4)
     x[1][0, 0] = np.nan  # replica 1's batch only: the stage allreduce spreads it
-    drivers = [GPipe(NumpyStage(world, p, weights, [2]), config(2, nonfinite=policy)) for p in places]
+    drivers = [GPipe(p, config(2, nonfinite=policy), NumpyStage(world, p, weights, [2])) for p in places]
 
     def work(rank):
         try:
@@ -302,3 +302,31 @@ def test_slice_batch_takes_rows_of_a_dict_or_an_array():
     batch = {"ids": np.arange(6).reshape(3, 2), "mask": np.ones((3, 2))}
     assert slice_batch(batch, 1, 3)["ids"].tolist() == [[2, 3], [4, 5]]
     assert slice_batch(np.arange(5), 2, 4).tolist() == [2, 3]
+
+
+def test_an_adapter_hands_the_pipelined_methods_to_its_pipeline():
+    class Base:
+        def set_learning_rate(self, lr):
+            return ("adapter", lr)
+
+    for name in PIPELINED:  # the adapter's own versions
+        setattr(Base, name, lambda self, *args, _name=name: ("adapter", _name, *args))
+
+    @pipelined
+    class Adapter(Base):
+        def save_state(self, directory):
+            return ("adapter", "save_state", directory)
+
+    class Pipeline:
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: ("pipeline", name, *args)
+
+    adapter = Adapter()
+    assert adapter.pipeline is None
+    assert adapter.save_state("d") == ("adapter", "save_state", "d")
+    assert adapter.gather_state() == ("adapter", "gather_state")  # inherited, wrapped as well
+    adapter.pipeline = Pipeline()
+    assert adapter.save_state("d") == ("pipeline", "save_state", "d")
+    assert adapter.gather_state() == ("pipeline", "gather_state")
+    assert adapter.train_step(1, 2) == ("pipeline", "train_step", 1, 2)
+    assert adapter.set_learning_rate(0.1) == ("adapter", 0.1)  # not a pipelined method

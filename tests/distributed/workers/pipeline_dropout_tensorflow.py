@@ -51,7 +51,7 @@ config = load_config(overrides=OVERRIDES)
 adapter = make_adapter(config)
 adapter.broadcast_state()
 ctx = adapter.context()
-stage, place = adapter.pipeline.stage, adapter.placement
+stage, place = adapter.pipeline.stage, adapter.pipeline.placement
 width = FEATURES if place.stage == 0 else WIDTH
 # the stage's output on a fixed input in training mode: equal weights on both replicas, so it differs by the masks
 outputs = [stage.run_blocks(tf.ones([4, width]), None, True).numpy().tolist() for _ in range(2)]

@@ -79,7 +79,8 @@ for step in range(4):
     y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
     adapter.train_step(x, y)
 own = named(model, adapter)
-flats = hvd.allgather_object((ctx.rank, adapter.placement.stage, np.concatenate([v.reshape(-1) for v in own.values()])))
+flats = hvd.allgather_object((ctx.rank, adapter.pipeline.placement.stage,
+                              np.concatenate([v.reshape(-1) for v in own.values()])))
 
 adapter.gather_state()
 if ctx.rank == 0:
@@ -123,7 +124,7 @@ if ctx.rank == 0:
         reloaded_all.update(part)
     plain_values = {i: np.asarray(v.numpy(), np.float64) for i, v in enumerate(plain.trainable_variables)}
     report = {
-        "world_size": ctx.size, "replicas": replicas, "stages": adapter.placement.layout.stages,
+        "world_size": ctx.size, "replicas": replicas, "stages": adapter.pipeline.placement.layout.stages,
         "bounds": adapter.pipeline.stage.bounds,
         "loss": float(np.mean([l for _, l in losses])), "ref_loss": float(ref_loss),
         "grad_max_abs_error": max(errors), "grad_max_abs": max(float(np.abs(g).max()) for g in expected.values()),

@@ -75,7 +75,7 @@ for step in range(4):  # replica-specific data: the stage's allreduce must keep 
     x = rng.standard_normal((BATCH, FEATURES)).astype(np.float32) + ctx.replica
     y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
     adapter.train_step(x, y)
-flats = hvd.allgather_object((ctx.rank, adapter.placement.stage,
+flats = hvd.allgather_object((ctx.rank, adapter.pipeline.placement.stage,
                               torch.cat([p.detach().reshape(-1) for p in own.values()])))
 
 # checkpoint: the pipeline writes the un-cut format (rank 0), a second pipeline adapter reads it back
@@ -122,7 +122,7 @@ if ctx.rank == 0:
     optimizer = torch.optim.SGD(plain.parameters(), lr=LR)
     optimizer.load_state_dict(torch.load(ckpt_dir / "optimizer.pt", weights_only=True))
     report = {
-        "world_size": ctx.size, "replicas": replicas, "stages": adapter.placement.layout.stages,
+        "world_size": ctx.size, "replicas": replicas, "stages": adapter.pipeline.placement.layout.stages,
         "bounds": my_stage.bounds, "loss": float(np.mean([l for _, l in losses])), "ref_loss": float(ref_loss),
         "grad_max_abs_error": max(errors), "grad_max_abs": max(float(g.abs().max()) for g in grads.values()),
         "grad_norm": float(total), "updated_names": sorted(got), "ref_names": sorted(grads),
