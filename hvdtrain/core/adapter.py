@@ -4,6 +4,33 @@ The training loop (:mod:`hvdtrain.core.loop`) talks only to this interface; ever
 touches torch, TensorFlow or ``horovod.<framework>`` lives in :mod:`hvdtrain.torch` and
 :mod:`hvdtrain.tensorflow`. :func:`load_adapter` imports one of them by name and turns a missing
 framework into an error that says which extra to install.
+
+An adapter writes twelve methods, the same in both frameworks:
+
+========================  ==============================================================  ===================
+method                    does                                                            collective?
+========================  ==============================================================  ===================
+``init(config)``          ``hvd.init()``, threads, seeds, device; sets ``collectives``    no (Horovod's init)
+``prepare(task, config)`` model, optimizer, loss; the gradient exchange; optimizer state  no
+``broadcast_state(root)`` parameters, buffers and optimizer state from ``root``           yes
+``set_learning_rate(lr)`` the LR of the next update                                       no
+``train_step(...)``       forward, backward; on the window's last micro-batch the         yes (the exchange)
+                          exchange, clip, finite check and update
+``eval_step(x, y)``       local loss and metric sums                                      no
+``sync_model_buffers()``  BatchNorm statistics averaged over the ranks                    yes
+``reseed(seed)``          this rank's framework random stream (dropout)                   no
+``rng_state()``           that stream as JSON-able data                                   no
+``set_rng_state(state)``  put it back                                                     no
+``save_state(dir)``       model and optimizer files (rank 0), refusing non-finite ones    no
+``load_state(dir)``       read them back (rank 0)                                         no
+========================  ==============================================================  ===================
+
+Written once here, on what ``init`` sets: ``context()``, the object collectives and sums
+(:class:`~hvdtrain.core.collectives.Collectives`), ``barrier``, ``sync_replicas`` (the exchange's),
+``gather_state`` (pipeline stages), ``elastic_reset`` and an elastic ``snapshot`` built on
+``save_state``/``load_state`` (both adapters override it with an in-memory copy). Pipeline stages
+are not a subclass: the adapter holds a :class:`~hvdtrain.core.gpipe.GPipe` driver
+(``adapter.pipeline``) that takes over the methods :data:`~hvdtrain.core.gpipe.PIPELINED` names.
 """
 
 from __future__ import annotations
@@ -23,6 +50,11 @@ class FrameworkMissingError(ImportError):
 
 class NonFiniteGradientError(FloatingPointError):
     """The allreduced gradient holds NaN or infinity (identical on every rank, so all ranks stop)."""
+
+
+class NonFiniteStateError(FloatingPointError):
+    """The model's parameters hold NaN or infinity: :meth:`FrameworkAdapter.save_state` refuses to
+    write them."""
 
 
 @dataclass(frozen=True)
@@ -57,22 +89,33 @@ class DistContext:
 
 class FrameworkAdapter(ABC):
     """Horovod plumbing for one framework. One instance per process, used in this order:
-
     ``init`` -> ``prepare`` -> (``load_state`` on rank 0) -> ``broadcast_state`` -> steps.
+    The twelve abstract methods are the whole interface an adapter writes (table in the module
+    docstring); everything else below is written once, on what ``init`` sets: ``self.collectives``
+    (:class:`~hvdtrain.core.collectives.Collectives` on the framework's Horovod module) and
+    ``self.gpu``.
     """
 
     name: str = ""
     skipped_updates: int = 0
     overlap: bool = False  # set by prepare(): comm.overlap as resolved here (allreduce during backward)
+    collectives: Any = None  # set by init(): hvdtrain.core.collectives.Collectives
+    gpu: bool = False  # set by init(): this process trains on a GPU
+    pipeline: Any = None  # set by init() with parallel.pipeline_stages > 1: hvdtrain.core.gpipe.GPipe
+    # The gradient exchange (hvdtrain.core.exchange): set by prepare(); the update calls its reduce()
+    # and after_update(), hvdtrain.core.compression_state its state(), load_state() and reset().
+    # None where an adapter exchanges gradients its own way (pipeline stages).
+    exchange: Any = None
 
     @abstractmethod
     def init(self, config: Any) -> DistContext:
         """Initialise Horovod for the :class:`~hvdtrain.core.config.RunConfig` ``config``, set
-        intra-op threads and seeds; return this process's place."""
+        intra-op threads and seeds, ``self.collectives`` and ``self.gpu``; return
+        :meth:`context`."""
 
     @abstractmethod
     def prepare(self, task: Any, config: Any) -> None:
-        """Take the recipe's model, optimizer and loss; wire them to Horovod's gradient allreduce
+        """Take the recipe's model, optimizer and loss; wire them to the gradient exchange
         (compression, accumulation, mixed precision) and create all optimizer state."""
 
     @abstractmethod
@@ -85,14 +128,19 @@ class FrameworkAdapter(ABC):
 
     @abstractmethod
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> Any:
-        """Forward and backward on one local micro-batch; when ``apply_update``, allreduce the
+        """Forward and backward on one local micro-batch; when ``apply_update``, exchange the
         accumulated gradients and update. ``weight`` is this micro-batch's share of the
         accumulation window (its samples / the window's samples; None: ``1 / grad_accumulation``),
         so a short last window gives the gradient of its concatenated batch. Returns this rank's
         loss as a framework scalar (``float()`` reads it; the loop avoids doing so every step). A
-        non-finite allreduced gradient raises :class:`NonFiniteGradientError`
+        non-finite exchanged gradient raises :class:`NonFiniteGradientError`
         (``train.nonfinite=error``) or skips the update and counts it in ``skipped_updates``
         (``skip``); so do updates a mixed-precision loss scaler skips."""
+
+    @abstractmethod
+    def eval_step(self, inputs: Any, targets: Any) -> dict[str, Any]:
+        """Local sums on one batch: ``loss_sum``, ``count`` and the task's metric sums (framework
+        scalars that add up and convert with ``float()``)."""
 
     @abstractmethod
     def sync_model_buffers(self) -> None:
@@ -105,23 +153,6 @@ class FrameworkAdapter(ABC):
         passes a different seed on every rank."""
 
     @abstractmethod
-    def eval_step(self, inputs: Any, targets: Any) -> dict[str, Any]:
-        """Local sums on one batch: ``loss_sum``, ``count`` and the task's metric sums (framework
-        scalars that add up and convert with ``float()``)."""
-
-    @abstractmethod
-    def allreduce_sums(self, values: dict[str, float]) -> dict[str, float]:
-        """Sum each value across ranks (one collective, same keys on every rank)."""
-
-    @abstractmethod
-    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
-        """A picklable object from ``root_rank``, on every rank."""
-
-    @abstractmethod
-    def allgather_object(self, obj: Any) -> list[Any]:
-        """Every rank's picklable ``obj``, as a list indexed by rank, on every rank."""
-
-    @abstractmethod
     def rng_state(self) -> dict[str, Any]:
         """This rank's framework random-number state as JSON-able data."""
 
@@ -130,37 +161,45 @@ class FrameworkAdapter(ABC):
         """Restore what :meth:`rng_state` returned."""
 
     @abstractmethod
-    def context(self) -> DistContext:
-        """This process's place in the job as Horovod sees it now (it changes in elastic mode)."""
-
-    @abstractmethod
-    def snapshot(self) -> Any:
-        """An in-memory copy of model and optimizer state (elastic commits)."""
-
-    @abstractmethod
-    def restore_snapshot(self, snapshot: Any) -> None:
-        """Put back what :meth:`snapshot` returned."""
-
-    @abstractmethod
-    def elastic_reset(self) -> None:
-        """Shut Horovod down and initialise it again with the new set of workers."""
-
-    @abstractmethod
-    def state_is_finite(self) -> bool:
-        """True if every model parameter is finite (checked before a checkpoint is written)."""
-
-    @abstractmethod
     def save_state(self, directory: Path) -> None:
-        """Write model and optimizer state into ``directory`` (rank 0 only)."""
+        """Write model and optimizer state into ``directory`` (rank 0 only); a model whose
+        parameters are not all finite raises :class:`NonFiniteStateError` before anything is
+        written."""
 
     @abstractmethod
     def load_state(self, directory: Path) -> None:
         """Read model and optimizer state written by :meth:`save_state`."""
 
-    # The gradient exchange (hvdtrain.core.exchange): set by prepare(); the update calls its reduce()
-    # and after_update(), hvdtrain.core.compression_state its state(), load_state() and reset().
-    # None where an adapter exchanges gradients its own way (pipeline stages).
-    exchange: Any = None
+    # -- written once, on self.collectives ---------------------------------------------------
+
+    def context(self) -> DistContext:
+        """This process's place in the job as Horovod sees it now (it changes in elastic mode);
+        with pipeline stages, its data shard is its replica's."""
+        hvd = self.collectives.hvd
+        ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), mpi=hvd.mpi_enabled(),
+                          gpu=self.gpu)
+        self.ctx = self.pipeline.context(ctx) if self.pipeline is not None else ctx
+        return self.ctx
+
+    def allreduce_sums(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum each value across ranks (one collective, same keys on every rank)."""
+        return self.collectives.allreduce_sums(values)
+
+    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
+        """A picklable object from ``root_rank``, on every rank."""
+        return self.collectives.broadcast_object(obj, root_rank)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, as a list indexed by rank, on every rank."""
+        return self.collectives.allgather_object(obj)
+
+    def allreduce_mean(self, values: dict[str, float], ctx: DistContext) -> dict[str, float]:
+        """Average each value across ranks."""
+        return {k: v / ctx.size for k, v in self.allreduce_sums(values).items()}
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives (a tiny allreduce)."""
+        self.allreduce_sums({"barrier": 0.0})
 
     def sync_replicas(self) -> None:
         """Local SGD: average the workers' models now (a collective; before evaluations). Otherwise
@@ -172,13 +211,34 @@ class FrameworkAdapter(ABC):
         """Collective on every rank just before rank 0 saves a checkpoint: an adapter whose state is
         spread over ranks (pipeline stages) brings it to rank 0 here. Default: nothing to do."""
 
-    def allreduce_mean(self, values: dict[str, float], ctx: DistContext) -> dict[str, float]:
-        """Average each value across ranks."""
-        return {k: v / ctx.size for k, v in self.allreduce_sums(values).items()}
+    # -- elastic mode --------------------------------------------------------------------------
 
-    def barrier(self) -> None:
-        """Wait until every rank arrives (a tiny allreduce)."""
-        self.allreduce_sums({"barrier": 0.0})
+    def elastic_reset(self) -> None:
+        """Shut Horovod down and initialise it again with the new set of workers; the gradient
+        exchange's per-rank state starts afresh."""
+        from hvdtrain.core import compression_state  # the exchange's state lives beside the checkpoint code
+
+        self.collectives.hvd.shutdown()
+        self.collectives.hvd.init()
+        compression_state.reset(self, "elastic: the job re-formed")
+
+    def snapshot(self) -> Any:
+        """An in-memory copy of model and optimizer state (elastic commits). This default keeps what
+        :meth:`save_state` writes, as bytes; adapters override it with a cheaper copy."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="hvdtrain-snapshot-") as tmp:
+            self.save_state(Path(tmp))
+            return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
+
+    def restore_snapshot(self, snapshot: Any) -> None:
+        """Put back what :meth:`snapshot` returned."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="hvdtrain-snapshot-") as tmp:
+            for name, data in snapshot.items():
+                (Path(tmp) / name).write_bytes(data)
+            self.load_state(Path(tmp))
 
 
 _ADAPTERS = {"torch": ("hvdtrain.torch", "TorchAdapter", "torch"),

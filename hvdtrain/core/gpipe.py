@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
-from hvdtrain.core.adapter import NonFiniteGradientError
+from hvdtrain.core.adapter import NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.pipeline import (Layout, backward_ticks, forward_ticks, model_blocks, resolve_cut, split_sizes,
                                     stage_blocks, tensor_owners)
 
@@ -158,7 +158,7 @@ class Cut:
 # the adapter methods a pipeline takes over; the rest (learning rate, RNG state, object collectives,
 # sums, elastic mode, which the rulebook refuses with pipeline stages) stay the adapter's own
 PIPELINED = ("prepare", "train_step", "eval_step", "broadcast_state", "sync_model_buffers", "gather_state",
-             "state_is_finite", "save_state", "load_state")
+             "save_state", "load_state")
 
 
 def pipelined(adapter_class: type) -> type:
@@ -462,6 +462,8 @@ class GPipe:
         """Rank 0, after :meth:`gather_state`: write the whole model in the un-cut format."""
         if self._gathered is None:
             raise RuntimeError("save_state on a pipeline stage without gather_state() first")
+        if not self.state_is_finite():
+            raise NonFiniteStateError("model parameters are not finite")
         state: dict[str, Any] = {"model": {}, "optimizer": {}, "groups": self._gathered[0]["groups"]}
         for part in self._gathered:
             state["model"].update(part["model"])

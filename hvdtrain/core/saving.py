@@ -19,6 +19,7 @@ from typing import Any
 
 from hvdtrain._version import __version__
 from hvdtrain.core import compression_state
+from hvdtrain.core.adapter import NonFiniteStateError
 from hvdtrain.core.checkpoint import CheckpointManager
 from hvdtrain.core.config import RunConfig, to_dict
 from hvdtrain.core.errors import TrainingError
@@ -80,10 +81,6 @@ class CheckpointPolicy:
         if not ctx.is_main:
             return None
         self.watchdog.beat(position.step, "writing a checkpoint")
-        if not adapter.state_is_finite():
-            raise TrainingError(f"model parameters are not finite at optimizer step {position.step}; "
-                                f"refusing to write checkpoint {name}")
-
         def write(directory: Path) -> None:
             adapter.save_state(directory)
             compression_state.write(directory, comm_states)
@@ -96,6 +93,9 @@ class CheckpointPolicy:
                     "framework_version": framework_version(cfg.framework)}
         try:
             return self.manager.save(name, write, manifest).path
+        except NonFiniteStateError:  # save_state refused before writing anything
+            raise TrainingError(f"model parameters are not finite at optimizer step {position.step}; "
+                                f"refusing to write checkpoint {name}") from None
         except Exception as exc:  # OSError from us, RuntimeError from torch.save, ... on a full disk
             raise TrainingError(f"could not write checkpoint {name} in {self.manager.directory}: {exc}; "
                                 f"nothing partial was left and earlier checkpoints are intact") from None

@@ -24,8 +24,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.core import compression_state
-from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
+from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
+from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
@@ -85,8 +85,10 @@ class TensorFlowAdapter(FrameworkAdapter):
             tf.config.experimental.enable_op_determinism()
         keras.mixed_precision.set_global_policy(
             {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[train_config.mixed_precision])
+        self.gpu = bool(tf.config.list_logical_devices("GPU"))
+        self._collective_id = 0  # eager collectives get a new name per call, the same sequence on every rank
+        self.collectives = Collectives(hvd, lambda values: tf.constant(values, dtype=tf.float64), self._name)
         self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
-        self._collective_id = 0
         return self.context()
 
     def prepare(self, task: Any, config: Any) -> None:
@@ -241,18 +243,6 @@ class TensorFlowAdapter(FrameworkAdapter):
         self._collective_id += 1
         return f"hvdtrain.{prefix}.{self._collective_id}"
 
-    def allreduce_sums(self, values: dict[str, float]) -> dict[str, float]:
-        keys = list(values)
-        tensor = tf.constant([float(values[k]) for k in keys], dtype=tf.float64)
-        reduced = hvd.allreduce(tensor, op=hvd.Sum, name=self._name("allreduce_sums"))  # distributed
-        return dict(zip(keys, reduced.numpy().tolist()))
-
-    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
-        return hvd.broadcast_object(obj, root_rank=root_rank, name=self._name("broadcast_object"))  # distributed
-
-    def allgather_object(self, obj: Any) -> list[Any]:
-        return hvd.allgather_object(obj, name=self._name("allgather_object"))  # distributed
-
     def rng_state(self) -> dict[str, Any]:
         from keras.src.random.seed_generator import global_seed_generator
 
@@ -263,13 +253,6 @@ class TensorFlowAdapter(FrameworkAdapter):
 
         global_seed_generator().state.assign(np.asarray(state["keras_global_seed"], dtype=np.int64))
 
-    def context(self) -> DistContext:
-        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                               mpi=hvd.mpi_enabled(), gpu=bool(tf.config.list_logical_devices("GPU")))
-        if self.pipeline is not None:  # pipeline stages: the data shard is the replica's
-            self.ctx = self.pipeline.context(self.ctx)
-        return self.ctx
-
     def snapshot(self) -> Any:
         return [np.array(v.numpy()) for v in list(self.model.variables) + list(self.optimizer.variables)]
 
@@ -277,15 +260,9 @@ class TensorFlowAdapter(FrameworkAdapter):
         for variable, value in zip(list(self.model.variables) + list(self.optimizer.variables), snapshot):
             variable.assign(value)
 
-    def elastic_reset(self) -> None:
-        hvd.shutdown()
-        hvd.init()
-        compression_state.reset(self, "elastic: the job re-formed")
-
-    def state_is_finite(self) -> bool:
-        return all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables)
-
     def save_state(self, directory: Path) -> None:
+        if not all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables):
+            raise NonFiniteStateError("model parameters are not finite")
         _save_variables(Path(directory) / MODEL_FILE, self.model.variables)
         _save_variables(Path(directory) / OPTIMIZER_FILE, self.optimizer.variables)
 

@@ -23,8 +23,8 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdtrain.core import compression_state
-from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
+from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
+from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
@@ -73,6 +73,9 @@ class TorchAdapter(FrameworkAdapter):
             torch.backends.cudnn.benchmark = not train_config.deterministic
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        self.gpu = self.device.type == "cuda"
+        self.collectives = Collectives(hvd, lambda values: torch.tensor(values, dtype=torch.float64),
+                                       lambda prefix: f"hvdtrain.{prefix}")
         self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
         return self.context()
 
@@ -241,18 +244,6 @@ class TorchAdapter(FrameworkAdapter):
                      for k, v in self.task.metric_sums(outputs, targets).items()})
         return sums
 
-    def allreduce_sums(self, values: dict[str, float]) -> dict[str, float]:
-        keys = list(values)
-        tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-        reduced = hvd.allreduce(tensor, op=hvd.Sum, name="hvdtrain.allreduce_sums")  # distributed
-        return dict(zip(keys, reduced.tolist()))
-
-    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
-        return hvd.broadcast_object(obj, root_rank=root_rank, name="hvdtrain.broadcast_object")  # distributed
-
-    def allgather_object(self, obj: Any) -> list[Any]:
-        return hvd.allgather_object(obj, name="hvdtrain.allgather_object")  # distributed
-
     def rng_state(self) -> dict[str, Any]:
         return {"torch_cpu": torch.get_rng_state().tolist(),
                 "torch_cuda": torch.cuda.get_rng_state().tolist() if self.device.type == "cuda" else None}
@@ -262,13 +253,6 @@ class TorchAdapter(FrameworkAdapter):
         if state.get("torch_cuda") is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(torch.tensor(state["torch_cuda"], dtype=torch.uint8))
 
-    def context(self) -> DistContext:
-        self.ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
-                               mpi=hvd.mpi_enabled(), gpu=self.device.type == "cuda")
-        if self.pipeline is not None:  # pipeline stages: the data shard is the replica's
-            self.ctx = self.pipeline.context(self.ctx)
-        return self.ctx
-
     def snapshot(self) -> Any:
         return copy.deepcopy((self.model.state_dict(), self.optimizer.state_dict()))
 
@@ -277,15 +261,9 @@ class TorchAdapter(FrameworkAdapter):
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(optimizer_state)
 
-    def elastic_reset(self) -> None:
-        hvd.shutdown()
-        hvd.init()
-        compression_state.reset(self, "elastic: the job re-formed")
-
-    def state_is_finite(self) -> bool:
-        return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
-
     def save_state(self, directory: Path) -> None:
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            raise NonFiniteStateError("model parameters are not finite")
         torch.save(self.model.state_dict(), Path(directory) / MODEL_FILE)
         torch.save(self.optimizer.state_dict(), Path(directory) / OPTIMIZER_FILE)
         if self.scaler is not None:

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError
+from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.registry import define_recipe, register_recipe, unregister_recipe
 from hvdtrain.core.task import ArrayDataset, TrainTask
 
@@ -169,10 +169,9 @@ class NumpyAdapter(FrameworkAdapter):
     def elastic_reset(self) -> None:
         pass
 
-    def state_is_finite(self) -> bool:
-        return all(np.isfinite(p).all() for p in self.model.params.values())
-
     def save_state(self, directory: Path) -> None:
+        if not all(np.isfinite(p).all() for p in self.model.params.values()):
+            raise NonFiniteStateError("model parameters are not finite")
         with open(Path(directory) / MODEL_FILE, "wb") as f:
             np.savez(f, **self.model.params)
         with open(Path(directory) / OPTIMIZER_FILE, "wb") as f:

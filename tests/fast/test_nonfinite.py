@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from numpy_adapter import load_weights, register_toy_recipe
+from numpy_adapter import NumpyAdapter, load_weights, register_toy_recipe
 from toyrun import fit
 
 from hvdtrain.core.loop import TrainingError
@@ -69,3 +69,23 @@ def test_the_nan_fault_read_when_training_starts(tmp_path, monkeypatch):
     run = fit(tmp_path, "train.nonfinite=skip")
     assert run.metrics()[0]["skipped_updates"] == 1
     assert len(run.adapter.applied_lrs) == 24 - 1
+
+
+class OverflowingAdapter(NumpyAdapter):
+    """A kernel that overflowed: after its second update one weight is infinite (the gradient was finite)."""
+
+    def train_step(self, inputs, targets, apply_update=True, weight=None):
+        loss = super().train_step(inputs, targets, apply_update, weight)
+        if len(self.applied_lrs) == 2:
+            next(iter(self.model.params.values())).flat[0] = np.inf
+        return loss
+
+
+def test_a_model_that_overflowed_is_never_checkpointed(tmp_path):
+    """save_state refuses infinite weights: the run stops naming the step and the checkpoint, and
+    the checkpoints written before are all that is there."""
+    register_toy_recipe()
+    with pytest.raises(TrainingError, match=r"not finite at optimizer step 2; refusing to write checkpoint "
+                                            r"step-00000002"):
+        fit(tmp_path, "checkpoint.every_steps=1", adapter=OverflowingAdapter())
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001"]

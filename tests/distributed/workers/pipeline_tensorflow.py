@@ -85,7 +85,7 @@ flats = hvd.allgather_object((ctx.rank, adapter.pipeline.placement.stage,
 adapter.gather_state()
 if ctx.rank == 0:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    assert adapter.state_is_finite()
+    assert adapter.pipeline.state_is_finite()
     adapter.save_state(ckpt_dir)
 hvd.allreduce(tf.zeros(1), name="saved")
 second, _, model2 = make_adapter(config, perturbed_rank=1)  # stage 1's root: the load must win
