@@ -5,24 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from toyrun import fit, without_timing
+from toyrun import Interrupt, StopAt, fit, without_timing
 
-from hvdtrain.core.callbacks import Callback
 
 pytestmark = pytest.mark.resume
-
-
-class Interrupt(Exception):
-    """Stands for the process dying: raised out of fit() at a chosen optimizer step."""
-
-
-class StopAt(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, epoch, step, logs):
-        if logs["global_step"] == self.step:
-            raise Interrupt(f"stopped at step {self.step}")
 
 
 def npz_arrays(path) -> dict[str, np.ndarray]:

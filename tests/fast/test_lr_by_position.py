@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from toyrun import fit, toy_config, without_timing
+from toyrun import Interrupt, StopAt, fit, toy_config, without_timing
 
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.schedule import build_schedule, schedule_step
@@ -50,19 +50,6 @@ def test_every_update_uses_the_schedule_at_its_position(tmp_path, accumulation):
     assert [r["lr"] for r in run.metrics()] == pytest.approx([expected[steps * e - 1] for e in (1, 2)],
                                                               rel=1e-12)
     assert [r["step"] for r in run.metrics()] == [steps, 2 * steps]
-
-
-class Interrupt(Exception):
-    pass
-
-
-class StopAt(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, epoch, step, logs):
-        if logs["global_step"] == self.step:
-            raise Interrupt(f"stopped at step {self.step}")
 
 
 @pytest.mark.parametrize("stop_at", [8, 20])  # inside epoch 1, inside epoch 2 (after epoch-0001)

@@ -9,6 +9,7 @@ from typing import Any
 
 from numpy_adapter import DEFAULTS, RECIPE, NumpyAdapter
 
+from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.config import load_config
 from hvdtrain.core.loop import RunResult, Trainer
 
@@ -69,3 +70,18 @@ def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def snapshot_tree(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` by relative path, with its bytes (to show nothing changed)."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+class Interrupt(Exception):
+    """Stands for the process dying: raised out of fit() at a chosen optimizer step."""
+
+
+class StopAt(Callback):
+    """Raises :class:`Interrupt` once the run reaches optimizer step ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, epoch, step, logs):
+        if logs["global_step"] == self.step:
+            raise Interrupt(f"stopped at step {self.step}")
