@@ -21,7 +21,7 @@ demo: setup
 	bash scripts/demo.sh $(NP) $(DEMO_OUT)
 
 test: setup
-	$(PY) -m pytest tests -ra $(PYTEST_ARGS)
+	$(PY) -m pytest tests -ra --durations=25 $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 
 from hvdtrain.core import registry
-from hvdtrain.core.registry import entry_point_error, load_entry_point_recipes  # noqa: F401 (re-exported)
+from hvdtrain.core.registry import load_entry_point_recipes
 
 _loaded_files: dict[Path, list[str]] = {}
 
