@@ -79,3 +79,25 @@ def test_a_failure_rolls_back_to_the_last_commit_and_redoes_only_what_followed(t
     assert len(adapter.applied_lrs) == 24
     assert [r["epoch"] for r in run.metrics()] == [1, 2] and [r["step"] for r in run.metrics()] == [12, 24]
     assert run.names() == ["epoch-0001", "epoch-0002"]
+
+
+def test_the_default_snapshot_puts_back_what_save_state_writes(tmp_path):
+    """An adapter that writes no snapshot of its own gets one built on save_state/load_state."""
+    from hvdtrain.core.adapter import FrameworkAdapter
+
+    class SavedStateSnapshots(NumpyAdapter):
+        snapshot = FrameworkAdapter.snapshot
+        restore_snapshot = FrameworkAdapter.restore_snapshot
+
+    adapter = SavedStateSnapshots()
+    run = fit(tmp_path, "train.epochs=1", adapter=adapter)
+    saved = {k: v.copy() for k, v in adapter.model.params.items()}
+    velocity = {k: v.copy() for k, v in adapter.velocity.items()}
+    snapshot = adapter.snapshot()
+    for k in adapter.model.params:
+        adapter.model.params[k] += 1.0
+        adapter.velocity[k] *= 0.0
+    adapter.restore_snapshot(snapshot)
+    assert all((adapter.model.params[k] == saved[k]).all() for k in saved)
+    assert all((adapter.velocity[k] == velocity[k]).all() for k in velocity)
+    assert run.result.final["epoch"] == 1
