@@ -106,7 +106,7 @@ class Trainer:
         builder = get_builder(cfg.recipe, cfg.framework)
         rules.check(cfg)  # the rulebook: what reads only the config, before Horovod starts
         ctx = self.ctx = adapter.init(cfg)
-        rules.check(cfg, rules.World(ctx.size, ctx.mpi, ctx.gpu))  # ... and what needs the job
+        rules.check_job(cfg, ctx)  # ... and what needs the job
         with StallWatchdog(cfg.train.stall_timeout_sec, ctx.rank) as self.watchdog:
             return self._fit(builder)
 

@@ -269,6 +269,13 @@ def check(config: Any, world: World | None = None) -> None:
         raise ConfigError(problem)
 
 
+def check_job(config: Any, ctx: Any) -> None:
+    """Every rule, the job's included, for a process whose Horovod is initialised (``ctx``: its
+    :class:`~hvdtrain.core.adapter.DistContext`); what every entry point that trains calls right
+    after the adapter's ``init`` (the trainer, ``hvdtrain bench``)."""
+    check(config, World(ctx.size, ctx.mpi, ctx.gpu))
+
+
 def check_task(task: Any, config: Any) -> None:
     """Raise :class:`~hvdtrain.core.config.ConfigError` with :func:`task_refusal`'s reason, if any."""
     problem = task_refusal(task, config)

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from hvdtrain.core import rules
 from hvdtrain.core.adapter import load_adapter
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond the table).
@@ -134,6 +135,7 @@ def run_bench(config: Any, settings: BenchSettings) -> tuple[BenchResult, int]:
     launcher every worker calls this and every worker gets the whole result and its own rank."""
     adapter = load_adapter(config.framework)
     ctx = adapter.init(config)
+    rules.check_job(config, ctx)  # refused here as in training (Adasum on Gloo, fp16 without a GPU, ...)
     module = framework_bench(config.framework)
     task = module.synthetic_task(config, settings)
     adapter.prepare(task, config)

@@ -141,3 +141,12 @@ def test_task_rules():
         overrides=["parallel.pipeline_stages=2", "checkpoint.enabled=false"]))
     assert rules.task_refusal(Task(), config) is None
     assert rules.task_refusal(Task(), load_config()) is None
+
+
+def test_check_job_reads_the_place_in_the_job():
+    from hvdtrain.core.adapter import DistContext
+
+    config = load_config(overrides=["comm.reduction=adasum"])
+    with pytest.raises(ConfigError, match="MPI controller"):
+        rules.check_job(config, DistContext(rank=0, size=2, mpi=False))
+    rules.check_job(config, DistContext(rank=0, size=2, mpi=True))
