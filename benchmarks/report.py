@@ -50,10 +50,15 @@ def _met(row: dict) -> str:
     return "yes" if row["met"] else "**no**"
 
 
+def short_machine(m: dict) -> str:
+    """``2-core <CPU model>``: the machine column of a row."""
+    return f"{m.get('cores', '?')}-core {m.get('cpu', '?').split('@')[0].strip()}"
+
+
 def table(results: dict) -> str:
-    """The markdown table rows."""
-    m = results.get("machine", {})
-    short = f"{m.get('cores', '?')}-core {m.get('cpu', '?').split('@')[0].strip()}"
+    """The markdown table rows; each row names the machine it was measured on (rows kept from an
+    earlier run keep theirs)."""
+    short = short_machine(results.get("machine", {}))
     lines = []
     for r in results["rows"]:
         if "error" in r:
@@ -62,7 +67,7 @@ def table(results: dict) -> str:
             continue
         lines.append(f"| {r['item']} | {r['title']} | {r['figure']} | {_fmt(r['value'], r['unit'])} | "
                      f"{r['baseline_name']} | {_fmt(r['baseline'], r['unit'])} | **{r['ratio']:.3f}** | "
-                     f"{r['target'] or ''} | {_met(r)} | {short} | {r['date']} |")
+                     f"{r['target'] or ''} | {_met(r)} | {r.get('machine', short)} | {r['date']} |")
     return "\n".join(lines) + "\n"
 
 

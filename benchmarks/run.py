@@ -131,7 +131,8 @@ def main() -> None:
         for item in items:
             print(f"item {item}:", flush=True)
             try:
-                rows += run_item(item, args.rounds, raw, log)
+                rows += [{**row, "machine": report.short_machine(machine())}
+                         for row in run_item(item, args.rounds, raw, log)]
             except Exception as exc:  # keep going; the report says what failed
                 print(f"  failed: {str(exc)[:2000]}", flush=True)
                 rows.append({"item": item, "title": f"item {item}", "error": str(exc)[-800:]})
