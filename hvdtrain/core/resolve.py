@@ -25,9 +25,3 @@ def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None 
     rules.check(config)
     return config
 
-
-def validate(config: _config.RunConfig) -> _config.RunConfig:
-    """Check a config object built by hand: every section's own keys, then the rulebook."""
-    _config.validate(config)
-    rules.check(config)
-    return config
