@@ -8,8 +8,10 @@ instead of a hang or a crash deep inside Horovod.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -20,6 +22,11 @@ from typing import Any
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 # what must agree across the hosts of one job (keys of environment.versions())
 COMPARED = ("hvdtrain", "python", "torch", "tensorflow", "keras", "horovod")
+# a DNS name (letters, digits, '-', '_', dots; no label starts or ends with '-') with an optional
+# ``user@``: what ssh gets as its destination; anything else (a leading '-' is an ssh option such as
+# -oProxyCommand=..., which runs a command here) is refused before any ssh runs
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,31}}@)?{_LABEL}(?:\.{_LABEL})*\.?")
 
 
 class HostError(RuntimeError):
@@ -65,10 +72,25 @@ def parse_hosts(hosts: str) -> list[tuple[str, int]]:
         if not name or (slots and not slots.isdigit()) or (slots and int(slots) < 1):
             raise ValueError(f"hosts={hosts!r}: {item!r} is not HOST or HOST:SLOTS with SLOTS >= 1 "
                              f"(e.g. 'host1:4,host2:4')")
+        check_host_name(name)
         result.append((name, int(slots or 1)))
     if not result:
         raise ValueError(f"hosts={hosts!r}: no host given (e.g. 'host1:4,host2:4')")
     return result
+
+
+def check_host_name(name: str) -> None:
+    """Refuse (ValueError naming it) a host name that is neither a plausible DNS name (optionally
+    ``user@name``) nor an IP address: it would reach ssh's command line, where ``-o...`` is an option."""
+    address = name.rsplit("@", 1)[-1]
+    try:
+        ipaddress.ip_address(address)
+        plausible = _HOST_NAME.fullmatch(name.replace(address, "h")) is not None
+    except ValueError:
+        plausible = len(address) <= 253 and _HOST_NAME.fullmatch(name) is not None
+    if not plausible:
+        raise ValueError(f"host {name!r} is not a host name or IP address (letters, digits, '.', '-', '_', "
+                         f"optionally user@; not starting with '-'): refused before any ssh runs")
 
 
 def is_local(host: str) -> bool:

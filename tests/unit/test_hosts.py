@@ -135,3 +135,35 @@ def test_gloo_across_hosts_refuses_a_hostname_on_loopback(monkeypatch):
     hosts.check_gloo_hostname({"OMPI_COMM_WORLD_RANK": "0", "HOROVOD_CROSS_SIZE": "2"})  # MPI: not affected
     monkeypatch.setattr(hosts.socket, "gethostbyname", lambda name: "10.0.0.7")
     hosts.check_gloo_hostname(across)
+
+
+def test_a_host_name_that_is_an_ssh_option_is_refused_before_any_ssh_runs(tmp_path, monkeypatch):
+    """``-oProxyCommand=...`` as a host would be an option on ssh's command line (a command run
+    here): `hvdtrain env --hosts` and hvdtrain.run refuse it by name, and no ssh is started (an
+    ``ssh`` first on PATH records every call)."""
+    import os
+
+    import hvdtrain
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "ssh-calls"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexit 255\n')
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    evil = f"-oProxyCommand=touch {tmp_path / 'pwned'}"
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "env", f"--hosts=localhost,{evil}:2"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"hvdtrain: error: host {evil!r} is not a host name or IP address (letters, digits, '.', '-', '_', "
+        f"optionally user@; not starting with '-'): refused before any ssh runs"]
+    with pytest.raises(ValueError, match=r"host '-oProxyCommand=touch .*' is not a host name"):
+        hvdtrain.run("image-classification", framework="torch", np=2, hosts=f"{evil}:1,localhost:1",
+                     output=str(tmp_path / "out"))
+    assert not calls.exists(), calls.read_text()
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()
+    for bad in ("h 1", "a;b", "$(id)", "h1-", "a/b", "-p"):
+        with pytest.raises(ValueError, match="is not a host name"):
+            hosts.parse_hosts(f"{bad}:1")
+    assert hosts.parse_hosts("user@node-1.example.com:2,10.0.0.7,my_host.") == [
+        ("user@node-1.example.com", 2), ("10.0.0.7", 1), ("my_host.", 1)]
