@@ -21,6 +21,13 @@ carried across resumes and only grows, so names never repeat.
 :meth:`CheckpointManager.latest` is the one place that finds the checkpoint a resume uses: the
 newest whose payload matches its checksums, reporting each newer damaged one it skipped;
 :meth:`CheckpointManager.set_aside` then moves those out of the way (kept, never deleted).
+
+A manifest is data from disk, not trusted: every file name it lists must be a plain name inside
+the folder (no absolute path, no separator, no ``..``), every file in the folder must be listed
+(the loaders read fixed names: an unlisted ``model.pt`` would load unchecked), and a manifest that
+is malformed (wrong types, missing keys) makes its checkpoint damaged, named by its folder, never
+a crash of every later start. :meth:`CheckpointManager.open` reads one named checkpoint and fails
+with a one-line :class:`CheckpointError` naming the folder.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -38,6 +46,9 @@ from hvdtrain.core import faults
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# what a crashed writer or an interrupted prune leaves (removed at the next start, rank 0)
+LEFTOVER_PREFIXES = (".tmp-", ".trash-")
 
 
 class CheckpointError(RuntimeError):
@@ -101,6 +112,40 @@ def atomic_write_text(path: Path, text: str) -> None:
     _fsync_path(path.parent)
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def safe_file_name(name: Any) -> bool:
+    """True if ``name`` is a plain file name inside a checkpoint folder: a non-empty string without
+    a path separator, not ``.``/``..``, not absolute, not the manifest, no NUL."""
+    return (isinstance(name, str) and name not in ("", ".", "..", MANIFEST) and "/" not in name
+            and "\\" not in name and "\0" not in name and not os.path.isabs(name))
+
+
+def manifest_problem(manifest: Any) -> str | None:
+    """Why ``manifest`` (parsed JSON) is malformed, or None: it must be an object whose ``files``
+    maps plain file names (:func:`safe_file_name`) to SHA-256 hex digests, and whose ``epoch``,
+    ``step`` (and ``consumed``, when present) are counts."""
+    if not isinstance(manifest, dict):
+        return f"{MANIFEST} is not a JSON object"
+    for key in ("epoch", "step", "files"):
+        if key not in manifest:
+            return f"{MANIFEST} has no {key!r}"
+    for key in ("epoch", "step", "consumed"):
+        if key in manifest and not _is_count(manifest[key]):
+            return f"{MANIFEST}: {key!r} is {manifest[key]!r}, not a non-negative integer"
+    files = manifest["files"]
+    if not isinstance(files, dict) or not files:
+        return f"{MANIFEST}: 'files' must list the checkpoint's files with their SHA-256, got {files!r}"[:300]
+    for name, digest in files.items():
+        if not safe_file_name(name):
+            return f"{MANIFEST} lists file name {name!r}, which is not a plain name inside the folder"
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            return f"{MANIFEST}: file {name}'s SHA-256 {digest!r} is not 64 hex digits"[:300]
+    return None
+
+
 class CheckpointManager:
     """Writes (on rank 0) and finds checkpoints under ``directory``."""
 
@@ -113,24 +158,38 @@ class CheckpointManager:
         self.best_metric = best_metric
         self.best_mode = best_mode
 
-    def checkpoints(self) -> list[CheckpointInfo]:
-        """Valid checkpoints, oldest first by training progress (invalid or partial folders are skipped)."""
+    def checkpoints(self, problems: list[str] | None = None,
+                    malformed: list[CheckpointInfo] | None = None) -> list[CheckpointInfo]:
+        """Valid checkpoints, oldest first by training progress (partial folders, without a
+        manifest, are skipped). A folder whose manifest is malformed is skipped too: described in
+        ``problems`` and appended to ``malformed`` (when given)."""
         found = []
         if self.directory.is_dir():
-            for child in self.directory.iterdir():
+            for child in sorted(self.directory.iterdir()):
                 if child.name.startswith(".") or not child.is_dir():
                     continue
-                info = self.read(child, verify=False)
-                if info is not None:
-                    found.append(info)
+                try:
+                    manifest = self.load_manifest(child)
+                except CheckpointError as exc:
+                    if problems is not None:
+                        problems.append(f"{exc}; skipped")
+                    if malformed is not None:
+                        malformed.append(CheckpointInfo(child, {}))
+                    continue
+                if manifest is not None:
+                    found.append(CheckpointInfo(child, manifest))
         return sorted(found, key=lambda c: c.progress)
 
     def latest(self, problems: list[str] | None = None,
                damaged: list[CheckpointInfo] | None = None) -> CheckpointInfo | None:
         """The newest checkpoint whose files match their checksums, or None. Each newer checkpoint
-        that fails verification is skipped: described in ``problems`` and appended to ``damaged``
-        (when given), newest first, for :meth:`set_aside`."""
-        for info in reversed(self.checkpoints()):
+        that fails verification, and every checkpoint whose manifest is malformed, is skipped:
+        described in ``problems`` and appended to ``damaged`` (when given), for :meth:`set_aside`."""
+        malformed: list[CheckpointInfo] = []
+        found = self.checkpoints(problems, malformed)
+        if damaged is not None:
+            damaged.extend(malformed)
+        for info in reversed(found):
             problem = self.verify(info.path, info.manifest)
             if problem is None:
                 return info
@@ -148,11 +207,24 @@ class CheckpointManager:
 
     @staticmethod
     def verify(path: Path, manifest: dict[str, Any]) -> str | None:
-        """None if every payload file matches its SHA-256, else a message naming the bad file."""
+        """None if the manifest is well formed, lists every file of the folder, and each listed
+        file matches its SHA-256; else a one-line message naming the folder and the bad file."""
+        problem = manifest_problem(manifest)
+        if problem is not None:
+            return f"checkpoint {path}: {problem}; skipped"
         if manifest.get("format_version") != FORMAT_VERSION:
             return (f"checkpoint {path}: format version {manifest.get('format_version')!r} is not "
                     f"{FORMAT_VERSION}; skipped")
-        for name, digest in manifest["files"].items():
+        files = manifest["files"]
+        try:
+            unlisted = sorted(child.name for child in Path(path).iterdir()
+                              if child.name != MANIFEST and child.name not in files)
+        except OSError as exc:
+            return f"checkpoint {path}: cannot list the folder ({exc}); skipped"
+        if unlisted:
+            return (f"checkpoint {path}: file {unlisted[0]} is not listed in its {MANIFEST} "
+                    f"(every file of a checkpoint must be checksummed); skipped")
+        for name, digest in files.items():
             if not (path / name).is_file():
                 return f"checkpoint {path}: file {name} is missing; skipped"
             if sha256_file(path / name) != digest:
@@ -160,16 +232,46 @@ class CheckpointManager:
         return None
 
     @staticmethod
-    def read(path: Path, verify: bool = True) -> CheckpointInfo | None:
-        """The checkpoint at ``path`` if its manifest is readable (and, with ``verify``, its
-        payload checksums match); None otherwise."""
+    def load_manifest(path: Path) -> dict[str, Any] | None:
+        """The manifest of the checkpoint folder ``path``: None if it has none (a foreign or partial
+        folder); raises :class:`CheckpointError` naming the folder if it is unreadable or malformed."""
+        file = Path(path) / MANIFEST
+        if not file.exists():
+            return None
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
-            manifest["files"], manifest["epoch"], manifest["step"]
-        except (OSError, ValueError, KeyError, TypeError):
+            manifest = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path}: {MANIFEST} is not readable JSON ({exc})") from None
+        problem = manifest_problem(manifest)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {path}: {problem}")
+        return manifest
+
+    @staticmethod
+    def read(path: Path, verify: bool = True) -> CheckpointInfo | None:
+        """The checkpoint at ``path`` if its manifest is readable and well formed (and, with
+        ``verify``, its payload checksums match); None otherwise."""
+        try:
+            manifest = CheckpointManager.load_manifest(path)
+        except CheckpointError:
+            return None
+        if manifest is None:
             return None
         if verify and CheckpointManager.verify(path, manifest) is not None:
             return None
+        return CheckpointInfo(path, manifest)
+
+    @staticmethod
+    def open(path: str | Path) -> CheckpointInfo:
+        """The checkpoint at ``path``, verified; a missing, malformed or damaged one raises a
+        one-line :class:`CheckpointError` naming the folder (an explicit resume from it)."""
+        path = Path(path)
+        manifest = CheckpointManager.load_manifest(path)
+        if manifest is None:
+            raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (not a checkpoint folder)")
+        problem = CheckpointManager.verify(path, manifest)
+        if problem is not None:
+            raise CheckpointError(problem.removesuffix("; skipped"))
         return CheckpointInfo(path, manifest)
 
     def save(self, name: str, write_payload: Callable[[Path], None], manifest: dict[str, Any]) -> CheckpointInfo:
@@ -208,17 +310,26 @@ class CheckpointManager:
         os.rename(info.path, target)
         return target
 
-    def remove_temporaries(self) -> None:
-        """Delete half-written ``.tmp-*`` folders a crashed writer left (rank 0, before training)."""
+    def remove_temporaries(self) -> list[str]:
+        """Delete half-written ``.tmp-*`` folders a crashed writer left and ``.trash-*`` folders a
+        prune killed mid-delete left (rank 0, before training); returns the names removed."""
+        removed = []
         if self.directory.is_dir():
-            for child in self.directory.glob(".tmp-*"):
-                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+            for child in sorted(self.directory.iterdir()):
+                if not child.name.startswith(LEFTOVER_PREFIXES):
+                    continue
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+                removed.append(child.name)
+        return removed
 
     def best(self) -> CheckpointInfo | None:
         """The checkpoint with the best ``best_metric`` in its manifest's metrics, if any."""
         scored = [c for c in self.checkpoints()
                   if self.best_metric and isinstance(c.manifest.get("metrics"), dict)
-                  and self.best_metric in c.manifest["metrics"]]
+                  and isinstance(c.manifest["metrics"].get(self.best_metric), (int, float))]
         if not scored:
             return None
         pick = max if self.best_mode == "max" else min

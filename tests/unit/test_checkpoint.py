@@ -242,3 +242,26 @@ def test_latest_and_pruning_follow_the_position_in_the_data(tmp_path):
     assert [c.path.name for c in manager.checkpoints()] == ["epoch-0002", "step-00000034"]
     assert manager.latest().path.name == "step-00000034"
     assert manager.checkpoints()[0].progress == (2, 0, 30)
+
+
+# issue 22, item 4: an explicit open of one checkpoint fails with one line naming the folder
+@pytest.mark.parametrize("manifest_text, expected", [
+    ("{torn", "not readable JSON"),
+    (json.dumps({"epoch": "x", "step": 1, "files": {"model.bin": "0" * 64}}), "'epoch' is 'x'"),
+    (json.dumps({"epoch": 1, "step": 1, "files": {"/etc/passwd": "0" * 64}}), "not a plain name"),
+    (json.dumps({"epoch": 1, "step": 1, "files": {}}), "'files' must list"),
+])
+def test_open_names_the_folder_of_a_malformed_manifest_in_one_line(tmp_path, manifest_text, expected):
+    manager = CheckpointManager(tmp_path, keep_last=5)
+    good = save(manager, "epoch-0001", 1, 10)
+    bad = save(manager, "epoch-0002", 2, 20).path
+    (bad / MANIFEST).write_text(manifest_text)
+    with pytest.raises(CheckpointError) as err:
+        CheckpointManager.open(bad)
+    message = str(err.value)
+    assert str(bad) in message and expected in message and "\n" not in message
+    assert CheckpointManager.open(good.path).path == good.path
+    problems: list[str] = []
+    damaged: list[CheckpointInfo] = []
+    assert manager.latest(problems, damaged).path == good.path
+    assert [info.path for info in damaged] == [bad] and str(bad) in problems[0]
