@@ -9,8 +9,10 @@ variables winning) and writes ``DIR/pip.conf`` for the build, passed as a BuildK
 (``--secret id=pip.conf,src=DIR/pip.conf``). Options naming local things are rewritten so the
 build can reach them: ``file://`` indexes, local ``find-links`` folders and ``constraint`` /
 ``requirement`` files are served read-only over HTTP on ``--bind`` (the address of Docker's
-bridge on this machine, reachable from build steps and nothing else) and named by that URL,
-with the relay marked as a trusted host. The CA bundle (``cert``) is not copied into pip.conf:
+bridge on this machine: build steps, and every container of this host, reach it) and named by
+that URL, with the relay marked as a trusted host. Only those files and index trees are served
+(never their parent folders, never a directory listing), behind a random path token that only
+the build's secret pip.conf holds (see :class:`Relay`). The CA bundle (``cert``) is not copied into pip.conf:
 its path is written to ``DIR/cert-path`` so the caller passes it as the secret ``pip-ca``.
 Index URLs (which may carry credentials) exist only in the secret, never in a layer.
 """
@@ -18,9 +20,11 @@ Index URLs (which may carry credentials) exist only in the secret, never in a la
 from __future__ import annotations
 
 import argparse
+import html
 import http.server
 import os
 import re
+import secrets
 import shlex
 import subprocess
 import sys
@@ -51,32 +55,116 @@ def host_pip_config() -> dict[str, str]:
     return {**files, **env}
 
 
+DIST_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
+NESTED = re.compile(r"^\s*(?:-r|-c|--requirement|--constraint)(?:\s*=\s*|\s+)(\S+)")
+LINK = re.compile(r"""href\s*=\s*["']([^"'#?]+)""", re.IGNORECASE)
+
+
 class Relay:
-    """Local folders and files served read-only under their own absolute paths.
+    """Named local files and index trees served read-only under a random path token.
 
-    An index folder's parent is served too: simple indexes link their files relatively
-    (``simple/pkg/index.html`` -> ``../../files/pkg.whl``)."""
+    Only what pip's configuration names is served, each under its own absolute path behind
+    ``/TOKEN`` (so an index page's relative links resolve): a constraint or requirement file (and
+    the files it includes with ``-r``/``-c``), the files of a ``file://`` index tree (a folder
+    answers with its ``index.html`` only) and the files its pages link to (simple indexes link
+    ``../../files/pkg.whl``), and the distributions of a ``find-links`` folder (on a generated page
+    naming them only). No directory listing, nothing beside them: a constraint file in ``$HOME``
+    does not share ``~/.ssh``. Every container on Docker's bridge reaches the port; only the build,
+    whose pip.conf secret holds the token, knows the URLs."""
 
-    def __init__(self) -> None:
-        self.roots: list[Path] = []
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token or secrets.token_urlsafe(24)
+        self.files: set[Path] = set()          # regular files served as they are
+        self.trees: set[Path] = set()          # index trees: their files, a folder's index.html
+        self.link_pages: dict[Path, list[Path]] = {}  # find-links folders -> their distributions
+
+    @property
+    def roots(self) -> list[Path]:
+        """Everything served (files, index trees, find-links folders)."""
+        return sorted(self.files | self.trees | set(self.link_pages))
 
     def url(self, base: str, path: Path, index: bool = False) -> str:
-        """The relay URL of a local folder or file."""
+        """Register a local file or folder (an index tree when ``index``) and return its relay URL."""
         path = path.resolve()
-        root = path.parent if index or not path.is_dir() else path
-        if root not in self.roots:
-            self.roots.append(root)
-        return base + quote(str(path)) + ("/" if path.is_dir() else "")
+        if path.is_dir() and index:
+            self.trees.add(path)
+            for page in path.rglob("*.htm*"):
+                self._allow_links(page)
+        elif path.is_dir():
+            self.link_pages[path] = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(DIST_SUFFIXES))
+        else:
+            self._allow_file(path)
+        return f"{base}/{self.token}{quote(str(path))}" + ("/" if path.is_dir() else "")
+
+    def _allow_file(self, path: Path) -> None:
+        """A constraint or requirement file, and the files it includes (relative to it)."""
+        if path in self.files or not path.is_file():
+            return
+        self.files.add(path)
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return
+        for line in lines:
+            match = NESTED.match(line)
+            if match and "://" not in match.group(1):
+                self._allow_file((path.parent / match.group(1)).resolve())
+
+    def _allow_links(self, page: Path) -> None:
+        """The local files an index page links to (relative links, e.g. ``../../files/pkg.whl``)."""
+        try:
+            text = page.read_text(errors="replace")
+        except OSError:
+            return
+        for href in LINK.findall(text):
+            if "://" in href or href.startswith("/"):
+                continue
+            target = (page.parent / unquote(href)).resolve()
+            if target.is_file():
+                self.files.add(target)
+
+    def resolve(self, url_path: str) -> tuple[Path | None, bytes | None]:
+        """(the file to send, or a generated page) for a request path; (None, None) if not served."""
+        prefix = f"/{self.token}/"
+        path = unquote(urlparse(url_path).path)
+        if not path.startswith(prefix):
+            return None, None
+        target = Path("/" + path[len(prefix):].lstrip("/")).resolve()
+        if target in self.link_pages:
+            links = "".join(f'<a href="{quote(p.name)}">{html.escape(p.name)}</a><br>\n'
+                            for p in self.link_pages[target])
+            return None, f"<!DOCTYPE html><html><body>\n{links}</body></html>\n".encode()
+        if target.is_dir() and any(target == t or t in target.parents for t in self.trees):
+            target = target / "index.html"
+        allowed = target in self.files or any(
+            t in target.parents and not any(part.startswith(".") for part in target.relative_to(t).parts)
+            for t in self.trees) or any(target in pages for pages in self.link_pages.values())
+        return (target, None) if allowed and target.is_file() else (None, None)
 
     def handler(self):
-        """An HTTP handler class serving the registered roots, read-only."""
-        roots = self.roots
+        """An HTTP handler class serving what is registered, read-only (GET and HEAD only)."""
+        relay = self
 
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def translate_path(self, path: str) -> str:
-                target = Path("/" + unquote(urlparse(path).path).lstrip("/")).resolve()
-                allowed = any(target == root or root in target.parents for root in roots)
-                return str(target) if allowed else "/nonexistent-hvdtrain-relay"
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self) -> None:
+                self.do_GET(body=False)
+
+            def do_GET(self, body: bool = True) -> None:
+                path, page = relay.resolve(self.path)
+                try:
+                    data = page if page is not None else path.read_bytes() if path is not None else None
+                except OSError:
+                    data = None
+                if data is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html" if page is not None or path.suffix in (".html", ".htm")
+                                 else "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
 
             def log_message(self, *args) -> None:  # quiet: pip fetches hundreds of pages
                 pass
@@ -132,7 +220,7 @@ def main() -> None:
     (args.out / "pip.conf").write_text("\n".join(lines) + "\n")
     (args.out / "cert-path").write_text(cert if cert and Path(cert).is_file() else "")
     for root in relay.roots:
-        print(f"pip_relay: serving {root} at {base}{quote(str(root))}/", file=sys.stderr)
+        print(f"pip_relay: serving {root}", file=sys.stderr)  # the URL (its token) stays in the secret
     print("ready", flush=True)
     if not relay.roots:
         return  # nothing local to serve

@@ -1,14 +1,12 @@
 """hvdtrain.tools.hosts without a cluster: -H parsing, version comparison, the workers line, SSH
-errors naming the host (a name that does not resolve), and docker/pip_relay.py's rewriting and
-serving of local pip sources."""
+errors naming the host (a name that does not resolve), host names that are not host names.
+(docker/pip_relay.py: tests/unit/test_pip_relay.py.)"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -73,50 +71,6 @@ def test_env_json_and_hosts_on_this_machine():
     proc = subprocess.run([sys.executable, "-m", "hvdtrain.cli", "env", "--hosts", "localhost,no-such-host.invalid"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 1 and "no-such-host.invalid" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def test_pip_relay_serves_local_sources_and_hides_the_rest(tmp_path):
-    sys.path.insert(0, str(REPO / "docker"))
-    try:
-        import pip_relay
-    finally:
-        sys.path.pop(0)
-    index = tmp_path / "pypi" / "simple" / "pkg"
-    index.mkdir(parents=True)
-    (tmp_path / "pypi" / "files").mkdir()
-    (tmp_path / "pypi" / "files" / "pkg-1.0-py3-none-any.whl").write_bytes(b"wheel")
-    (index / "index.html").write_text('<a href="../../files/pkg-1.0-py3-none-any.whl">pkg</a>')
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    constraints = tmp_path / "constraints.txt"
-    constraints.write_text("torch<=2.14\n")
-    relay = pip_relay.Relay()
-    options, cert = pip_relay.rewrite(
-        {"index-url": "https://user:secret@pypi.example/simple", "cert": "/etc/ssl/certs/ca.crt",
-         "extra-index-url": f"file://{tmp_path / 'pypi' / 'simple'} https://other.example/simple",
-         "find-links": f"{wheels} /does/not/exist", "constraint": str(constraints), "default-timeout": "60"},
-        relay, "http://127.0.0.1:1")
-    assert cert == "/etc/ssl/certs/ca.crt" and "cert" not in options
-    assert options["index-url"] == "https://user:secret@pypi.example/simple"  # only ever in the secret
-    assert options["extra-index-url"] == f"http://127.0.0.1:1{tmp_path}/pypi/simple/ https://other.example/simple"
-    assert options["find-links"] == f"http://127.0.0.1:1{wheels}/"
-    assert options["constraint"] == f"http://127.0.0.1:1{constraints}"
-    assert options["trusted-host"] == "127.0.0.1:1" and options["default-timeout"] == "60"
-
-    import http.server
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), relay.handler())
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        page = urllib.request.urlopen(f"{base}{index}/").read().decode()
-        link = page.split('href="')[1].split('"')[0]
-        assert urllib.request.urlopen(f"{base}{index}/{link}").read() == b"wheel"  # ../../files resolves
-        assert urllib.request.urlopen(f"{base}{constraints}").read() == b"torch<=2.14\n"
-        with pytest.raises(urllib.error.HTTPError):
-            urllib.request.urlopen(f"{base}/etc/passwd")  # nothing outside the configured sources
-    finally:
-        server.shutdown()
 
 
 def test_gloo_across_hosts_refuses_a_hostname_on_loopback(monkeypatch):
