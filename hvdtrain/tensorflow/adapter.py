@@ -279,17 +279,56 @@ def _save_variables(path: Path, variables: list[Any]) -> None:
         np.savez(f, **arrays)
 
 
+def _variable_path(variable: Any) -> str:
+    return str(getattr(variable, "path", None) or variable.name)
+
+
+def canonical_paths(paths: list[str]) -> list[str]:
+    """Variable paths with Keras's automatic numbering made relative: Keras names layers and
+    optimizers ``dense``, ``dense_1``, ... by a per-process counter, so the same model built after
+    another one is ``sequential_1/dense_2/kernel``. Each word's numeric suffixes (none counts as 0)
+    are replaced by their rank among the suffixes that word carries in ``paths``; a renamed,
+    added, removed or reordered variable still differs."""
+    tokenized = []
+    suffixes: dict[str, set[int]] = {}
+    for path in paths:
+        tokens: list[tuple[str, int | None]] = []
+        for part in path.replace("/", "_/_").split("_"):
+            if part.isdigit() and tokens and tokens[-1][1] == 0 and tokens[-1][0] != "/":
+                tokens[-1] = (tokens[-1][0], int(part))
+            else:
+                tokens.append((part, 0 if part != "/" and not part.isdigit() else None))
+        tokenized.append(tokens)
+        for word, n in tokens:
+            if n is not None:
+                suffixes.setdefault(word, set()).add(n)
+    rank = {word: {n: i for i, n in enumerate(sorted(ns))} for word, ns in suffixes.items()}
+    return ["_".join(word if n is None else f"{word}#{rank[word][n]}" for word, n in tokens) for tokens in tokenized]
+
+
 def _load_variables(path: Path, variables: list[Any]) -> None:
-    """Assign what :func:`_save_variables` wrote; a count or shape mismatch is a clear error."""
+    """Assign what :func:`_save_variables` wrote; a count, path or shape mismatch is a clear error
+    (values are stored by position: a variable whose saved path differs from this model's, beyond
+    Keras's automatic numbering, would be loaded into the wrong place)."""
     with np.load(path, allow_pickle=False) as saved:
         names = sorted(n for n in saved.files if n != "paths")
         if len(names) != len(variables):
             raise ValueError(f"{path} holds {len(names)} variables, this model/optimizer has {len(variables)}")
+        if "paths" in saved.files:
+            saved_paths = [str(p) for p in saved["paths"]]
+            now_paths = [_variable_path(v) for v in variables]
+            for i, (was, now) in enumerate(zip(canonical_paths(saved_paths), canonical_paths(now_paths))):
+                if was != now:
+                    raise ValueError(f"{path}: variable {i} was saved as {saved_paths[i]!r}, this model's is "
+                                     f"{now_paths[i]!r}: the model or the library changed; refusing to load "
+                                     f"the checkpoint by position (nothing was loaded)")
         for name, variable in zip(names, variables):
             if tuple(saved[name].shape) != tuple(variable.shape):
                 raise ValueError(f"{path}: variable {getattr(variable, 'path', name)} has shape "
                                  f"{tuple(variable.shape)}, the checkpoint has {tuple(saved[name].shape)}")
-            variable.assign(saved[name])
+        values = [saved[name] for name in names]
+    for variable, value in zip(variables, values):
+        variable.assign(value)
 
 
 class _CoupledWeightDecay:
