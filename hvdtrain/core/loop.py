@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdtrain.core import compression_state, elastic, resume, rules, sharding
+from hvdtrain.core import compression_state, dataset_check, elastic, resume, rules, sharding
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager, atomic_write_text
@@ -186,6 +186,7 @@ class Trainer:
         """The epochs from ``state.position`` on. In elastic mode Horovod calls this again after a
         worker joins or leaves, with the state of the last commit and a new world size."""
         cfg, adapter, ctx, gate = self.config, self.adapter, self.ctx, self.gate
+        dataset_check.check_same_data(adapter, task)  # every rank (re-formed ones too) trains the same data
         micro_steps, opt_steps = self._steps(task)
         schedule = build_schedule(cfg.optim, ctx.data_size, opt_steps, cfg.train.epochs, cfg.train.grad_accumulation)
         position = state.position
