@@ -7,7 +7,11 @@ ids of every row at their real lengths, ``uint16`` or ``int32``; ``offsets.bin``
 ``lines.bin`` int64 source line numbers) and ``manifest.json`` (dtypes, counts, label vocabulary,
 skipped rows, what the key was made of, build time). It is built in ``KEY.tmp-HOST-PID/`` and
 renamed into place, so an entry either exists whole or not at all; an exclusive lock on
-``KEY.lock`` keeps two jobs from building the same entry at once.
+``KEY.lock`` keeps two jobs from building the same entry at once. Every array file, the manifest
+and the folder are fsynced before the rename (and the cache directory after it), so a crash or a
+power loss cannot publish a manifest over arrays still in the page cache; an entry whose arrays do
+not match its manifest anyway (another writer, a disk error) is not used: :func:`usable` moves it
+out of the way with a warning and it is built again.
 
 ``KEY`` is a SHA-256 of: the file's absolute path, size, modification time (ns) and the SHA-256 of
 its first and last MiB; the SHA-256 of ``tokenizer.json``; ``max_length``; the text, pair and label
@@ -30,6 +34,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -114,9 +119,12 @@ class _Writer:
         self.rows += len(labels)
         self.tokens += int(chunk.lengths.sum())
 
-    def close(self) -> dict[str, np.ndarray]:
-        """Close the files; in memory, the concatenated arrays."""
+    def close(self, durable: bool = False) -> dict[str, np.ndarray]:
+        """Close the files (``durable``: flushed and fsynced first); in memory, the concatenated arrays."""
         for f in self.files.values():
+            if durable and not f.closed:
+                f.flush()
+                os.fsync(f.fileno())
             f.close()
         return {name: np.concatenate(parts) if parts else np.zeros(0, self.dtype)
                 for name, parts in self.parts.items()} if not self.files else {}
@@ -198,7 +206,7 @@ def build(entry: Path, record: dict, text, tokenizer, vocab_size: int) -> bool:
     first); return whether this call built it. ``text`` is the recipe's ``text`` config section."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     with _locked(entry.with_name(entry.name + ".lock")):
-        if (entry / MANIFEST).is_file():
+        if _usable_locked(entry):
             return False
         path = Path(record["file"]["path"])
         tmp = entry.with_name(f"{entry.name}.tmp-{socket.gethostname()}-{os.getpid()}")
@@ -209,21 +217,85 @@ def build(entry: Path, record: dict, text, tokenizer, vocab_size: int) -> bool:
             bad = text_data.BadRows(str(path), text.bad_rows)
             dtype = tokenized.ids_dtype(vocab_size)
             writer = _Writer(tmp, dtype)
+            durable = False
             try:
                 vocab = tokenize_rows(_file_rows(path, text, bad), tokenizer, dtype,
                                       text.text_pair_column is not None, writer)
+                durable = True
             finally:
-                writer.close()
+                writer.close(durable)  # the arrays reach the disk before a manifest describes them
             _no_rows(path, writer.rows, bad)
             manifest = {"key": record, "rows": writer.rows, "tokens": writer.tokens, "ids_dtype": dtype.str,
                         "label_vocab": vocab, "bad_rows": bad.to_json(), "built_at": started,
                         "build_seconds": round(time.time() - started, 3),
                         "built_by": f"{socket.gethostname()}:{os.getpid()}"}
-            atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+            atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")  # fsyncs it and tmp
             os.rename(tmp, entry)  # atomic: readers see the whole entry or none
+            _fsync_dir(entry.parent)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def entry_problem(entry: Path) -> str | None:
+    """Why the built entry ``entry`` cannot be used (its manifest unreadable, an array file's size
+    not the one its manifest implies, offsets not running from 0 to the token count), or None.
+    Cheap: sizes and two offsets, never the whole arrays."""
+    try:
+        manifest = read_manifest(entry)
+        rows, tokens, ids_dtype = int(manifest["rows"]), int(manifest["tokens"]), np.dtype(manifest["ids_dtype"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"its {MANIFEST} is unreadable ({exc})"
+    counts = {"ids": tokens, "offsets": rows + 1}
+    for name, dtype in ARRAYS.items():
+        file = entry / f"{name}.bin"
+        want = counts.get(name, rows) * np.dtype(dtype or ids_dtype).itemsize
+        size = file.stat().st_size if file.is_file() else None
+        if size != want:
+            return (f"{file.name} is missing" if size is None
+                    else f"{file.name} holds {size} bytes, its {MANIFEST} says {want}")
+    offsets = np.memmap(entry / "offsets.bin", dtype=np.int64, mode="r", shape=(rows + 1,))
+    first, last = int(offsets[0]), int(offsets[-1])
+    del offsets
+    if first != 0 or last != tokens:
+        return f"offsets.bin runs from {first} to {last}, its {MANIFEST} says 0 to {tokens}"
+    return None
+
+
+def _usable_locked(entry: Path) -> bool:
+    """With the entry's lock held: True if ``entry`` is built and whole; a damaged one is moved out
+    of the way (then deleted; a process that mapped it keeps its pages) with a warning."""
+    if not (entry / MANIFEST).is_file():
+        return False
+    problem = entry_problem(entry)
+    if problem is None:
+        return True
+    print(f"bert-finetune: warning: token cache {entry}: {problem} (a crash while it was written?); "
+          f"building it again", file=sys.stderr, flush=True)
+    aside = entry.with_name(f"{entry.name}.damaged-{socket.gethostname()}-{os.getpid()}")
+    os.rename(entry, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    return False
+
+
+def usable(entry: Path) -> bool:
+    """True if ``entry`` is built and its arrays match its manifest. A damaged entry is moved out of
+    the way with a warning (under the entry's lock) and False returned: the builder builds it again."""
+    if not (entry / MANIFEST).is_file():
+        return False
+    if entry_problem(entry) is None:
+        return True
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(entry.with_name(entry.name + ".lock")):
+        return _usable_locked(entry)
 
 
 def wait_until_built(entry: Path, poll_seconds: float = 0.5) -> None:
@@ -251,6 +323,9 @@ def open_entry(entry: Path, record: dict, bad_rows: str) -> tuple[tokenized.Toke
     if not (entry / MANIFEST).is_file():
         raise text_data.TextDataError(f"token cache {entry} is missing after it was built: is text.cache_dir on a "
                                       f"filesystem this host does not see? (set text.cache_shared=false)")
+    problem = entry_problem(entry)
+    if problem is not None:
+        raise text_data.TextDataError(f"token cache {entry} is damaged: {problem}; delete it and start again")
     manifest = read_manifest(entry)
     if manifest["key"] != record:
         raise text_data.TextDataError(f"token cache {entry} was built for other inputs; delete it")
