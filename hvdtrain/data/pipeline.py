@@ -11,6 +11,8 @@ number of steps) and the count is reported once per epoch.
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -57,7 +59,7 @@ class ImageSource:
             self._arrays = (load("blob.npy"), load("offsets.npy"))
         blob, offsets = self._arrays
         row = int(self.rows[sample]) if self.rows is not None else int(sample)
-        return Path(self.root) / bytes(blob[offsets[row]:offsets[row + 1]]).decode("utf-8")
+        return Path(self.root) / os.fsdecode(bytes(blob[offsets[row]:offsets[row + 1]]))
 
     def _decode(self, sample: int, epoch: int) -> np.ndarray:
         def op_for(width: int, height: int):
@@ -96,14 +98,16 @@ class ImageDataset:
     """One split of an indexed image tree under a transform policy (see module docstring).
 
     ``rows`` selects a subset of the index (``data.max_train_samples``); ``pool`` None decodes in
-    this process.
+    this process; ``grayscale`` (None: the index's sample decides) is the colour mode every image
+    is converted to: give the validation split the training split's.
     """
 
     def __init__(self, index: ImageIndex, policy: TransformPolicy, *, train: bool, seed: int,
-                 bad_files: str = "error", rows: np.ndarray | None = None, pool: Any = None, name: str = "train"):
+                 bad_files: str = "error", rows: np.ndarray | None = None, pool: Any = None, name: str = "train",
+                 grayscale: bool | None = None):
         self.index, self.policy, self.train, self.name = index, policy, train, name
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
-        self.grayscale = index.grayscale
+        self.grayscale = index.grayscale if grayscale is None else bool(grayscale)
         count = len(self.rows) if self.rows is not None else len(index)
         self.source = ImageSource(str(index.root), str(index.cache_dir), self.rows, policy, self.grayscale, seed,
                                   train, bad_files, count)
@@ -132,6 +136,15 @@ class ImageDataset:
     def num_classes(self) -> int:
         """Number of classes of the index."""
         return len(self.index.classes)
+
+    def fingerprint(self) -> str:
+        """SHA-256 of what this dataset yields: the index's content, the rows taken, the transform
+        and colour mode (equal on every rank that sees the same tree with the same settings)."""
+        digest = hashlib.sha256(json.dumps([self.index.digest, self.policy.__dict__, self.grayscale, self.train,
+                                            self.source.seed, self._count], sort_keys=True, default=str).encode())
+        if self.rows is not None:
+            digest.update(self.rows.tobytes())
+        return digest.hexdigest()
 
     def labels_of(self, samples: np.ndarray) -> np.ndarray:
         """int64 labels of dataset samples."""

@@ -66,6 +66,10 @@ class FloatImages:
     def __len__(self) -> int:
         return len(self.images)
 
+    def fingerprint(self) -> str:
+        """The uint8 dataset's fingerprint (hvdtrain.core.dataset_check compares it across ranks)."""
+        return self.images.fingerprint()
+
     def get_batch(self, indices: np.ndarray, epoch: int):
         """Normalised float32 images and int64 labels."""
         x, y = self.images.get_batch(indices, epoch)

@@ -58,8 +58,9 @@ def load_image_folder(root: str | Path, image: Any, *, seed: int, max_train: int
         only_val = sorted(set(val_index.classes) - set(classes))
         raise DataError(f"class folders differ between {root / 'train'} and {root / 'val'}: "
                         f"only in train: {only_train or 'none'}; only in val: {only_val or 'none'}")
-    policy = choose_policy(image.transform, image.size, train_index.first_size, image.augment, train_index.grayscale)
-    common = dict(seed=seed, bad_files=image.bad_files, pool=pool)
+    grayscale = train_index.grayscale  # the validation images are converted to the training images' mode
+    policy = choose_policy(image.transform, image.size, train_index.native_size, image.augment, grayscale)
+    common = dict(seed=seed, bad_files=image.bad_files, pool=pool, grayscale=grayscale)
     train = ImageDataset(train_index, policy, train=True, rows=_subset(len(train_index), max_train, seed),
                          name="train", **common)
     val = ImageDataset(val_index, policy, train=False, rows=_subset(len(val_index), max_val, seed + 1),
