@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
+import reprlib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,11 +227,11 @@ def parse_cut(cut: Any) -> str | list[int]:
         try:
             return [int(p) for p in text.split(",") if p.strip()]
         except ValueError:
-            raise ConfigError(f"parallel.cut: {cut!r} is not allowed; use 'balanced' or block boundaries "
+            raise ConfigError(f"parallel.cut: {_short(cut)} is not allowed; use 'balanced' or block boundaries "
                               f"such as [3] or '3,6'") from None
     if isinstance(cut, (list, tuple)) and all(isinstance(b, int) and not isinstance(b, bool) for b in cut):
         return list(cut)
-    raise ConfigError(f"parallel.cut: {cut!r} is not allowed; use 'balanced' or block boundaries such as [3]")
+    raise ConfigError(f"parallel.cut: {_short(cut)} is not allowed; use 'balanced' or block boundaries such as [3]")
 
 
 @dataclass
@@ -283,27 +285,52 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "yes", "1", "false", "no", "0"):
             return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{key}: expected true or false, got {_short(value)}")
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, (int, str)) and not (
                 isinstance(value, float) and value.is_integer()):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {_short(value)}")
         try:
             return int(value)
-        except ValueError:
-            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+        except ValueError:  # also a string of more digits than Python converts (sys.get_int_max_str_digits)
+            raise ConfigError(f"{key}: expected an integer, got {_short(value)}") from None
     if tp is float:
         if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {_short(value)}")
         try:
             return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond float's range
+            raise ConfigError(f"{key}: expected a number, got {_short(value)}") from None
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            raise ConfigError(f"{key}: expected a string, got {_short(value)}")
         return str(value)
+    if tp is Any and not _is_flat(value):  # parallel.cut: a word or a list of numbers, never a deep tree
+        raise ConfigError(f"{key}: expected a value or a list of values, got {_short(value)}")
     return value
+
+
+def _is_flat(value: Any) -> bool:
+    """A scalar, or a list of scalars: what a free-form key may hold (a nested or aliased YAML tree,
+    which can expand exponentially when copied, is refused)."""
+    scalar = (str, int, float, bool, type(None))
+    return isinstance(value, scalar) or isinstance(value, (list, tuple)) and all(isinstance(v, scalar) for v in value)
+
+
+_REPR = reprlib.Repr()  # Python 3.11's Repr takes no keyword arguments
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxlong, _REPR.maxother = 3, 8, 8, 80, 40, 80
+
+
+def _key_text(key: str) -> str:
+    """A key as typed when it is plain printable text, else quoted (a newline in a key stays on
+    the error's one line)."""
+    return key if key.isprintable() and len(key) <= 80 else _short(key)
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` shortened (a long string, a huge list or an aliased YAML tree is shown in a
+    few dozen characters, in bounded time): an error stays one readable line."""
+    return _REPR.repr(value)
 
 
 def _check_limits(value: Any, f: dataclasses.Field, key: str) -> None:
@@ -312,7 +339,7 @@ def _check_limits(value: Any, f: dataclasses.Field, key: str) -> None:
         return
     if meta.get("choices") and value not in meta["choices"]:
         allowed = ", ".join(map(str, meta["choices"]))
-        raise ConfigError(f"{key}: {value!r} is not allowed; choose one of: {allowed}")
+        raise ConfigError(f"{key}: {_short(value)} is not allowed; choose one of: {allowed}")
     lo, hi = meta.get("min"), meta.get("max")
     if isinstance(value, float) and not math.isfinite(value) and (lo is not None or hi is not None):
         raise ConfigError(f"{key}: {value!r} is not a finite number")
@@ -335,7 +362,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "",
     ``foreign_sections`` (section -> recipes declaring it) names the owner of an unknown section.
     """
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {_short(data)}")
     types = _field_types(cls)
     names = {f.name: f for f in dataclasses.fields(cls)}
     if cls is RunConfig:
@@ -350,7 +377,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "",
     unknown = [k for k in data if k not in names and k not in sections]
     if unknown:
         allowed = ", ".join([*names, *sections])
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}"
+        raise ConfigError(f"unknown config key {_key_text(prefix + str(unknown[0]))}"
                           f"{_owner_hint(unknown[0], foreign_sections) if cls is RunConfig else ''}; allowed keys"
                           f"{' in ' + prefix.rstrip('.') if prefix else ''}: {allowed}")
     kwargs: dict[str, Any] = {}
@@ -424,7 +451,7 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"{dotted}: {part} is a value, not a section")
+            raise ConfigError(f"{_key_text(dotted)}: {_key_text(part)} is a value, not a section")
         node = child
     node[parts[-1]] = value
 
@@ -437,11 +464,25 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
+    if not raw.strip() or _nesting(raw) > MAX_NESTING:
+        return key, raw if raw.strip() else ""
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = yaml.safe_load(raw)
+    except (yaml.YAMLError, ValueError, RecursionError):  # not YAML (or a bad !!tag): the text itself
         value = raw
     return key, value
+
+
+MAX_NESTING = 64  # brackets deep; PyYAML recurses per level (and takes seconds to fail at Python's limit)
+
+
+def _nesting(text: str) -> int:
+    """How deep ``[``/``{`` brackets nest in ``text`` (those inside quotes counted too: an upper bound)."""
+    depth = deepest = 0
+    for bracket in re.findall(r"[\[\]{}]", text):
+        depth = depth + 1 if bracket in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def read_file(path: str | Path) -> dict[str, Any]:
@@ -449,23 +490,52 @@ def read_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
+    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise ConfigError(f"config file {path}: unknown extension {path.suffix!r}; use .yaml, .yml, .json or .toml")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     if path.suffix == ".toml":
         import tomllib
         try:
             data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path}: {exc}") from None
-    elif path.suffix in (".yaml", ".yml", ".json"):
+        except ValueError as exc:  # TOMLDecodeError, or an integer of more digits than Python converts
+            raise ConfigError(f"config file {path}: {_one_line(str(exc))}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path}: nested too deeply") from None
+    else:
+        if _nesting(text) > MAX_NESTING:
+            raise ConfigError(f"config file {path}: brackets nested more than {MAX_NESTING} deep")
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: {exc}") from None
-    else:
-        raise ConfigError(f"config file {path}: unknown extension {path.suffix!r}; use .yaml, .yml, .json or .toml")
+            raise ConfigError(f"config file {path}: {_yaml_problem(exc)}") from None
+        except ValueError as exc:  # a value the YAML tag cannot hold (!!int abc, month 13, too many digits)
+            raise ConfigError(f"config file {path}: {_one_line(str(exc))}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping at the top level")
     return data
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parser error on one line: where (line, column) and what (PyYAML's own message spans
+    several lines with a snippet of the file)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return _one_line(str(exc))
+    context = getattr(exc, "context", None)
+    return _one_line(f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+                     + (f" ({context})" if context else ""))
 
 
 def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
