@@ -69,11 +69,12 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
 
         def sync(self) -> None:
             trainer.watchdog.beat(state.position.step, "waiting in collectives (elastic state broadcast)")
-            adapter.broadcast_state(root_rank=0)  # distributed: new and old workers start from rank 0
-            where = describe_workers(adapter)  # a joining host with other versions is named here
-            if where:
-                trainer.gate.print(where)
-            state.position, state.history = adapter.broadcast_object((state.position, state.history))
+            with trainer.watchdog.phase("an elastic join: waiting for every worker, new ones included"):
+                adapter.broadcast_state(root_rank=0)  # distributed: new and old workers start from rank 0
+                where = describe_workers(adapter)  # a joining host with other versions is named here
+                if where:
+                    trainer.gate.print(where)
+                state.position, state.history = adapter.broadcast_object((state.position, state.history))
             state.carried = None  # partial training-loss sums are per rank; restart them
             trainer._reseed(state.position)  # every rank its own dropout stream again
             self.save()
@@ -97,4 +98,8 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
             raise
 
     elastic_state = ElasticTrainingState()
-    return run_fn(guarded, adapter.elastic_reset)(elastic_state)
+    def reset() -> None:
+        with trainer.watchdog.phase("an elastic join: Horovod re-forms the job"):
+            adapter.elastic_reset()
+
+    return run_fn(guarded, reset)(elastic_state)

@@ -125,7 +125,8 @@ class Trainer:
             # reach the others in the elastic state's first sync.
             plan = resume.plan_start(cfg, manager, output) if ctx.is_main else {"checkpoint": None}
         else:
-            plan = adapter.broadcast_object(resume.plan_start(cfg, manager, output) if ctx.is_main else None)
+            with self.watchdog.phase("planning the start: rank 0 verifies the checkpoints' checksums"):
+                plan = adapter.broadcast_object(resume.plan_start(cfg, manager, output) if ctx.is_main else None)
             where = describe_workers(adapter)  # hvdtrain.tools.hosts: same versions on every host
             if where:
                 gate.print(where)
@@ -135,7 +136,8 @@ class Trainer:
             gate.warn(note)
 
         self.watchdog.beat(0, "building the recipe's model and data")
-        task = builder(cfg, ctx)
+        with self.watchdog.phase("building the recipe's model and data (a cold image index or token cache)"):
+            task = builder(cfg, ctx)
         rules.check_task(task, cfg)
         if len(task.train_data) < ctx.size:
             raise TrainingError(f"{len(task.train_data)} training samples cannot be shared by {ctx.size} workers")
