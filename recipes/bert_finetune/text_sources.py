@@ -133,6 +133,10 @@ def label_ids(split: Split, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def train_label_names(split: Split) -> list[str]:
-    """The distinct labels of the training rows in id order (see :func:`text_data.label_names`)."""
-    present = np.unique(np.asarray(split.arrays.labels[split.rows]))
+    """The distinct labels of the training file in id order (see :func:`text_data.label_names`):
+    of all its rows, so a rare label whose rows all fell into the held-out part
+    (``text.val_fraction``) or outside ``data.max_train_samples`` still has an id. A pure function
+    of the file: every rank that reads the same file gets the same mapping, whatever its hash seed
+    (``hvdtrain.core.dataset_check`` proves it before the first step)."""
+    present = np.unique(np.asarray(split.arrays.labels))
     return text_data.label_names([split.arrays.label_vocab[code] for code in present])

@@ -171,6 +171,23 @@ class TokenizedTexts:
         """Tokens per row."""
         return np.diff(self.arrays.offsets)[self.rows]
 
+    def fingerprint(self) -> str:
+        """SHA-256 of what this split yields: its rows' label ids, lengths, segments and source lines,
+        and their tokens (up to 64 MiB of them, else 64 chunks spread over them); equal on every
+        rank that read the same file with the same label mapping (hvdtrain.core.dataset_check)."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for part in (self.rows, self.labels, self.lengths, self.arrays.first[self.rows], self.arrays.lines[self.rows]):
+            digest.update(np.ascontiguousarray(part).tobytes())
+        ids = self.arrays.ids
+        chunk = (1 << 20) // max(1, ids.itemsize)
+        starts = range(0, len(ids), chunk) if ids.nbytes <= 64 << 20 else \
+            np.linspace(0, len(ids) - chunk, 64).astype(np.int64)
+        for start in starts:
+            digest.update(np.ascontiguousarray(ids[int(start):int(start) + chunk]).tobytes())
+        return digest.hexdigest()
+
     def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Padded inputs and label ids of the rows at ``indices`` (positions in this split)."""
         inputs = pad_rows(self.arrays, self.rows[indices], self.pad, self.pad_to_multiple, self.max_length,
