@@ -10,6 +10,12 @@ Workers never outlive the trainer: on Linux each asks the kernel for SIGKILL whe
 (``prctl(PR_SET_PDEATHSIG)``), and every worker also polls its parent's pid once a second (other
 systems, or a parent that died before the request took effect). A normal exit stops them
 through :meth:`WorkerPool.close` (also registered with ``atexit``).
+
+Shared-memory segments are named ``hvdtrain-<pid namespace>-<pid>-<start time>-<random>`` after
+the trainer that creates them. A trainer killed together with Python's resource tracker (a
+process-group kill, as Slurm does) leaves its segment in ``/dev/shm``; the next pool started on
+the host removes every such segment whose owner is gone (same pid namespace, and no live process
+with that pid and start time), never one of a live trainer (:func:`remove_dead_segments`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import queue
+import secrets
 import signal
 import sys
 import threading
@@ -31,6 +38,68 @@ from typing import Any
 import numpy as np
 
 PR_SET_PDEATHSIG = 1
+SEGMENT_PREFIX = "hvdtrain-"
+SHM_DIR = "/dev/shm"
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (an inode number), or "0" where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid").split("[")[-1].rstrip("]")
+    except OSError:
+        return "0"
+
+
+def _start_time(pid: int) -> str | None:
+    """Process ``pid``'s start time in clock ticks since boot (/proc), "0" where /proc is missing
+    but the process exists, None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        pass
+    if os.path.isdir("/proc/self"):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return "0"
+
+
+def segment_name() -> str:
+    """A new segment's name, naming this process as its owner (see the module docstring)."""
+    pid = os.getpid()
+    return f"{SEGMENT_PREFIX}{_pid_namespace()}-{pid}-{_start_time(pid) or 0}-{secrets.token_hex(4)}"
+
+
+def remove_dead_segments(directory: str = SHM_DIR) -> list[str]:
+    """Unlink the shared-memory segments this module named whose owner is gone (killed with its
+    resource tracker); returns their names. Segments of another pid namespace, of a live owner, or
+    of another user are left alone."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    namespace, uid = _pid_namespace(), os.getuid()
+    for name in names:
+        parts = name[len(SEGMENT_PREFIX):].split("-") if name.startswith(SEGMENT_PREFIX) else []
+        if len(parts) != 4 or parts[0] != namespace or not parts[1].isdigit():
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.stat(path).st_uid != uid:
+                continue
+            if _start_time(int(parts[1])) == parts[2]:
+                continue  # its owner is alive
+            os.unlink(path)
+            removed.append(name)
+        except OSError:
+            continue
+    return removed
 
 
 
@@ -122,6 +191,7 @@ class WorkerPool:
 
     def __init__(self, num_workers: int):
         self.num_workers = num_workers
+        remove_dead_segments()  # what trainers killed with their resource tracker left on this host
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(num_workers)]
@@ -156,7 +226,7 @@ class WorkerPool:
             if self.shm is not None:
                 self.shm.close()
                 self.shm.unlink()
-            self.shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1))
+            self.shm = shared_memory.SharedMemory(name=segment_name(), create=True, size=max(nbytes, 1))
         return self.shm
 
     def run(self, source: int, shape: tuple[int, ...], samples: np.ndarray, epoch: int) -> tuple[np.ndarray, list]:
