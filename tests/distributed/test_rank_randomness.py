@@ -1,7 +1,7 @@
 """issue 10, item 7: every rank draws its own dropout masks (their data differ; so should the
 noise), under real `horovodrun -np 2 --gloo`, both frameworks. Reproducibility is kept: the
 per-rank streams derive from (seed, rank, position) and are checkpointed per rank
-(tests/reliability/test_exact_resume.py still ends bitwise equal)."""
+(tests/reliability/test_compression_resume.py, whose small CNN has dropout, still ends bitwise equal)."""
 
 import json
 
