@@ -7,18 +7,30 @@
                           train__epochs=1, data__max_train_samples=5000)
     result.history[-1]["val_accuracy"], result.checkpoint
 
-``np >= 2`` starts the workers with Horovod's Python launcher (``horovod.runner.run``) over Gloo,
-as Accelerate's ``notebook_launcher`` does for torch; ``np=1`` trains in this process. The config
-is resolved here, with the same objects and rules as the CLI, so a bad key fails before any
-worker starts. The recipe travels with the job (its builders pickled by value when they were
-defined in the notebook or in a recipe file), so recipes registered in the notebook run too.
-An exception in a worker stops every worker and is raised here as :class:`WorkerError` carrying
-that worker's traceback.
+``np >= 2`` starts the workers with Horovod's launcher over Gloo (as ``horovodrun`` would, from
+this process), as Accelerate's ``notebook_launcher`` does for torch; ``np=1`` trains in this
+process. The config is resolved here, with the same objects and rules as the CLI, so a bad key
+fails before any worker starts. The recipe travels with the job (its builders pickled by value
+when they were defined in the notebook or in a recipe file), so recipes registered in the notebook
+run too. An exception in a worker stops every worker and is raised here as :class:`WorkerError`
+carrying that worker's traceback.
+
+Network: the job and the workers' results travel through a :class:`_Channel` of this process,
+bound to the address the workers reach it at (loopback for a job on this machine) and
+authenticated with a random per-job key (HMAC); results and failure reports are JSON data. Not
+through Horovod's function mode (``horovod.runner.run(func)``), whose unauthenticated key-value
+store on every interface would let any host that reaches it run code here or on the workers.
+Horovod's Gloo rendezvous server (all interfaces, unauthenticated, no code) stays exposed while
+the job runs: README, "Python API and notebooks".
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -34,13 +46,11 @@ from hvdtrain.core.loop import RunResult, train
 from hvdtrain.core.plugins import resolve_recipe_name
 from hvdtrain.core.registry import RecipeSpec, get_recipe, register_spec
 
-REPORT_SCOPE = "hvdtrain-failures"
-
-
 class WorkerError(RuntimeError):
     """A worker of :func:`run` failed. ``rank``, ``exc_type``, ``message`` and ``worker_traceback``
-    describe the first failure; ``exception`` is the original exception object when it could be
-    sent back (else None)."""
+    describe the first failure; ``exception`` is a plain exception of the same builtin type with the
+    worker's message (``FileNotFoundError``, ``ValueError``, ...), or None for other types: failure
+    reports travel as data (JSON), never as pickled objects."""
 
     def __init__(self, summary: str, rank: int | None = None, exc_type: str = "", message: str = "",
                  worker_traceback: str = "", exception: BaseException | None = None):
@@ -123,32 +133,223 @@ def _check_hosts(hosts: str, ssh_port: int | None, ssh_identity_file: str | None
 
 
 def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_timeout: int | None,
-            verbose: bool, **launcher: Any) -> RunResult:
-    """Horovod's launcher over Gloo, with a side channel for the workers' failure reports."""
-    from horovod.runner import run as horovod_run
-    from horovod.runner.http.http_server import KVStoreServer
+            verbose: bool, network_interfaces: list[str] | None = None, **ssh: Any) -> RunResult:
+    """Horovod's launcher over Gloo running :func:`_task_main` on every worker, which fetches the job
+    from, and sends its result or failure to, this process's authenticated :class:`_Channel`.
+
+    Not Horovod's function mode (``horovod.runner.run(func)``): that mode serves the pickled function
+    and reads the pickled results through an unauthenticated key-value store on every interface of
+    this machine, so any host that reaches the port could replace the function (code on every
+    worker) or a result (code here)."""
+    # what horovod.runner.run does with a command instead of a function (private names of the
+    # Horovod pinned in setup.cfg, 0.28.1; tests/distributed/test_api.py runs this path)
+    from horovod.runner import _HorovodArgs
+    from horovod.runner.launch import _run as horovod_launch
+
+    import cloudpickle
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as the CLI: no TensorFlow start-up chatter
-    reports = KVStoreServer(verbose=0)
-    port = reports.start_server()
+    key = secrets.token_bytes(32)
+    channel = _Channel(_channel_address(hosts, network_interfaces), key, cloudpickle.dumps((config, spec)))
+    args = _HorovodArgs()
+    args.num_proc, args.hosts, args.use_gloo, args.start_timeout = np, hosts, True, start_timeout
+    args.verbose = 2 if verbose else None
+    args.ssh_port, args.ssh_identity_file = ssh.get("ssh_port"), ssh.get("ssh_identity_file")
+    args.nics = set(network_interfaces) if network_interfaces else None
+    # the key reaches the workers on their command line (as Horovod's own service key does): visible
+    # in the process list of the job's hosts while it runs, useless once the call returns
+    args.command = [sys.executable, "-c", "from hvdtrain.api import _task_main; _task_main()",
+                    channel.address, str(channel.port), key.hex()]
     # horovod's launcher installs SIGINT/SIGTERM handlers (to stop its workers) and never removes
     # them; put the caller's back so a notebook's interrupt button keeps working afterwards.
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} \
         if threading.current_thread() is threading.main_thread() else {}
     try:
-        results = horovod_run(_worker, args=(config, spec, port), num_proc=np, hosts=hosts, use_gloo=True,
-                              start_timeout=start_timeout, verbose=2 if verbose else None,
-                              **{k: v for k, v in launcher.items() if v is not None})
+        horovod_launch(args)
     except Exception as exc:
-        raise _worker_error(reports, exc, np) from None
+        raise _worker_error(channel.reports(), exc, np) from None
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-        reports.shutdown_server()
-    return results[0]
+        channel.close()
+    result = channel.result()
+    if result is None:
+        raise WorkerError("the Horovod job finished but rank 0's result did not reach the caller "
+                          "(the workers' output above says why)")
+    return result
 
 
-def _worker(config: RunConfig, spec: RecipeSpec, report_port: int) -> RunResult | None:
+def _channel_address(hosts: str, network_interfaces: list[str] | None) -> str:
+    """The address the job's channel listens on: the one the workers reach this machine at, never
+    every interface. Loopback when every host is local; else the IPv4 address of the first of
+    ``network_interfaces``, or the address this machine routes to the remote hosts from."""
+    from hvdtrain.tools.hosts import is_local, parse_hosts
+
+    remote = [name.rsplit("@", 1)[-1] for name, _ in parse_hosts(hosts) if not is_local(name)]
+    if not remote:
+        return "127.0.0.1"
+    if network_interfaces:
+        import psutil
+
+        found = psutil.net_if_addrs()
+        for nic in network_interfaces:
+            for address in found.get(nic, []):
+                if address.family == socket.AF_INET:
+                    return address.address
+        raise ValueError(f"network_interfaces={','.join(network_interfaces)!r}: no IPv4 address on this machine "
+                         f"(interfaces here: {', '.join(sorted(found))})")
+    sources = []
+    for host in dict.fromkeys(remote):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.connect((host, 9))  # no packet is sent: this only picks the route
+                sources.append(probe.getsockname()[0])
+        except OSError as e:
+            from hvdtrain.tools.hosts import HostError
+
+            raise HostError(f"host {host}: no IPv4 route from this machine to it ({e})") from None
+    # a host that is this machine may route over loopback; the others need the outward address
+    return next((source for source in sources if not source.startswith("127.")), sources[0])
+
+
+def _digest(key: bytes, *parts: bytes) -> str:
+    return hmac.new(key, b"\n".join(parts), hashlib.sha256).hexdigest()
+
+
+class _Channel:
+    """An HTTP endpoint on one address, for one job: workers ``GET /job`` (the pickled config and
+    recipe) and ``PUT /result/RANK`` or ``PUT /failure/RANK`` (JSON). Every request carries an
+    HMAC-SHA256 of method, path and body under the job's random key (else 403, nothing stored),
+    the job's answer one the worker checks before unpickling it; what workers send is parsed as
+    JSON data, never unpickled. Authenticated, not encrypted: a host on the path can read the job."""
+
+    MAX_BODY = 16 << 20
+
+    def __init__(self, address: str, key: bytes, job: bytes):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self._key, self._job, self._lock = key, job, threading.Lock()
+        self._reports: dict[int, dict[str, Any]] = {}
+        self._results: dict[int, dict[str, Any]] = {}
+        channel = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self._answer(b"")
+
+            def do_PUT(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if not 0 <= length <= channel.MAX_BODY:
+                    self._send(413)
+                    return
+                self._answer(self.rfile.read(length))
+
+            def _answer(self, body: bytes) -> None:
+                given = self.headers.get(AUTH_HEADER, "")
+                wanted = _digest(channel._key, self.command.encode(), self.path.encode(), body)
+                if not hmac.compare_digest(given, wanted):
+                    self._send(403)
+                    return
+                self._send(*channel._handle(self.command, self.path, body))
+
+            def _send(self, status: int, body: bytes = b"") -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                if body:
+                    self.send_header(AUTH_HEADER, _digest(channel._key, b"answer", self.path.encode(), body))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((address, 0), Handler)
+        self._server.daemon_threads = True
+        self.address, self.port = address, self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="hvdtrain-channel").start()
+
+    def _handle(self, method: str, path: str, body: bytes) -> tuple[int] | tuple[int, bytes]:
+        if method == "GET" and path == "/job":
+            return 200, self._job
+        kind, _, rank = path.strip("/").partition("/")
+        if method != "PUT" or kind not in ("result", "failure") or not rank.isdigit():
+            return (404,)
+        try:
+            data = json.loads(body)
+            _check_fields(data, RESULT_FIELDS if kind == "result" else REPORT_FIELDS)
+        except ValueError:
+            return (400,)
+        with self._lock:
+            (self._results if kind == "result" else self._reports)[int(rank)] = data
+        return (200,)
+
+    def reports(self) -> list[dict[str, Any]]:
+        """The workers' failure reports received so far."""
+        with self._lock:
+            return list(self._reports.values())
+
+    def result(self) -> RunResult | None:
+        """Rank 0's result, if it arrived."""
+        with self._lock:
+            data = self._results.get(0)
+        if data is None:
+            return None
+        return RunResult(Path(data["output"]), data["history"],
+                         Path(data["checkpoint"]) if data["checkpoint"] else None, data["world_size"])
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+AUTH_HEADER = "X-Hvdtrain-Auth"
+REPORT_FIELDS = {"rank": int, "size": int, "host": str, "time": (int, float), "type": str, "module": str,
+                 "message": str, "traceback": str}
+RESULT_FIELDS = {"output": str, "history": list, "checkpoint": (str, type(None)), "world_size": int}
+
+
+def _check_fields(data: Any, fields: dict[str, Any]) -> None:
+    """ValueError unless ``data`` is a JSON object with exactly these fields of these types."""
+    if not isinstance(data, dict) or set(data) != set(fields) or \
+            not all(isinstance(data[k], t) and not isinstance(data[k], bool) for k, t in fields.items()):
+        raise ValueError("not a report")
+
+
+def _request(address: str, port: int, key: bytes, method: str, path: str, body: bytes = b"") -> bytes:
+    """One authenticated request to the caller's channel; a GET's answer is checked against the key."""
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{address}:{port}{path}", data=body if method == "PUT" else None,
+                                     method=method, headers={AUTH_HEADER: _digest(key, method.encode(),
+                                                                                  path.encode(), body)})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = response.read()
+        if method == "GET" and not hmac.compare_digest(response.headers.get(AUTH_HEADER, ""),
+                                                       _digest(key, b"answer", path.encode(), answer)):
+            raise RuntimeError(f"the answer from {address}:{port} is not signed with this job's key")
+    return answer
+
+
+def _task_main() -> None:
+    """A worker's entry point (``python -c ... ADDRESS PORT KEY``): fetch the job, run :func:`_worker`,
+    send rank 0's result to the caller (as JSON data)."""
+    import cloudpickle
+
+    address, port, key = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+    config, spec = cloudpickle.loads(_request(address, port, key, "GET", "/job"))  # checked: signed by the caller
+    result = _worker(config, spec, (address, port, key))
+    if result is not None:
+        body = {"output": str(result.output), "history": result.history, "world_size": result.world_size,
+                "checkpoint": str(result.checkpoint) if result.checkpoint else None}
+        _request(address, port, key, "PUT", "/result/0", json.dumps(body, default=_plain).encode())
+
+
+def _plain(value: Any) -> Any:
+    """JSON for what metrics may hold besides plain numbers (NumPy scalars, paths)."""
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def _worker(config: RunConfig, spec: RecipeSpec, channel: tuple[str, int, bytes]) -> RunResult | None:
     """What each worker runs: register the shipped recipe, train, report a failure before dying."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
@@ -156,28 +357,18 @@ def _worker(config: RunConfig, spec: RecipeSpec, report_port: int) -> RunResult 
         register_spec(spec, replace=True)
         result = train(config)
     except Exception as exc:
-        _send_report(rank, exc, report_port)
+        _send_report(rank, exc, channel)
         raise  # a non-zero exit: the launcher stops the other workers at once
     return result if rank == 0 else None
 
 
-def _send_report(rank: int, exc: BaseException, port: int) -> None:
-    """Put this worker's failure into the caller's key-value store (best effort)."""
-    from horovod.runner.http.http_client import put_data_into_kvstore
-
-    import cloudpickle
-
-    try:
-        original = cloudpickle.dumps(exc)
-    except Exception:
-        original = None
+def _send_report(rank: int, exc: BaseException, channel: tuple[str, int, bytes]) -> None:
+    """Send this worker's failure to the caller as JSON data (best effort)."""
     report = {"rank": rank, "size": int(os.environ.get("HOROVOD_SIZE", "0")), "host": socket.gethostname(),
-              "time": time.time(), "type": type(exc).__name__, "message": str(exc),
-              "traceback": "".join(traceback.format_exception(exc)), "exception": original}
-    # horovod.runner.run_task is started as `python -m horovod.runner.run_task DRIVER_ADDR PORT`
-    driver = sys.argv[1] if len(sys.argv) > 1 and Path(sys.argv[0]).name == "run_task.py" else "127.0.0.1"
+              "time": time.time(), "type": type(exc).__name__, "module": type(exc).__module__,
+              "message": str(exc), "traceback": "".join(traceback.format_exception(exc))}
     try:
-        put_data_into_kvstore(driver, port, REPORT_SCOPE, str(rank), report)
+        _request(*channel, "PUT", f"/failure/{rank}", json.dumps(report).encode())
     except Exception as send_error:  # the traceback still reaches the caller through stderr
         print(f"hvdtrain: could not send the failure report to the caller: {send_error}", file=sys.stderr)
 
@@ -188,25 +379,28 @@ def _is_consequence(report: dict[str, Any]) -> bool:
     return "Horovod" in report["type"] or "shut down" in text or "HorovodInternalError" in report["traceback"]
 
 
-def _worker_error(server: Any, launcher_error: Exception, np: int) -> WorkerError:
+def _builtin_exception(report: dict[str, Any]) -> BaseException | None:
+    """A plain exception of the worker's builtin exception type with its message, else None."""
+    import builtins
+
+    cls = getattr(builtins, report["type"], None) if report["module"] == "builtins" else None
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return None
+    try:
+        return cls(report["message"])
+    except Exception:
+        return None
+
+
+def _worker_error(reports: list[dict[str, Any]], launcher_error: Exception, np: int) -> WorkerError:
     """The first real failure among the workers' reports, or the launcher's own error."""
-    from horovod.runner.common.util import codec
-
-    import cloudpickle
-
-    with server.httpd.cache_lock:
-        raw = list(server.httpd.cache.get(REPORT_SCOPE, {}).values())
-    reports = [codec.loads_base64(value) for value in raw]
     if not reports:
         return WorkerError(f"the Horovod job stopped without a worker reporting an error: a worker was killed "
                            f"(out of memory, a signal) or the run was interrupted; the workers' output above says "
                            f"more. {launcher_error}")
     first = min(reports, key=lambda r: (_is_consequence(r), r["time"]))
-    try:
-        original = cloudpickle.loads(first["exception"]) if first["exception"] else None
-    except Exception:
-        original = None
     summary = (f"worker {first['rank']} of {first['size'] or np} (host {first['host']}) failed: "
                f"{first['type']}: {first['message']}\n\nTraceback from worker {first['rank']}:\n"
                f"{first['traceback'].rstrip()}")
-    return WorkerError(summary, first["rank"], first["type"], first["message"], first["traceback"], original)
+    return WorkerError(summary, first["rank"], first["type"], first["message"], first["traceback"],
+                       _builtin_exception(first))
