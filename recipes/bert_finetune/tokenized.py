@@ -177,6 +177,8 @@ class TokenizedTexts:
         rank that read the same file with the same label mapping (hvdtrain.core.dataset_check)."""
         import hashlib
 
+        if getattr(self, "_fingerprint", None):
+            return self._fingerprint
         digest = hashlib.sha256()
         for part in (self.rows, self.labels, self.lengths, self.arrays.first[self.rows], self.arrays.lines[self.rows]):
             digest.update(np.ascontiguousarray(part).tobytes())
@@ -186,7 +188,8 @@ class TokenizedTexts:
             np.linspace(0, len(ids) - chunk, 64).astype(np.int64)
         for start in starts:
             digest.update(np.ascontiguousarray(ids[int(start):int(start) + chunk]).tobytes())
-        return digest.hexdigest()
+        self._fingerprint = digest.hexdigest()  # the split never changes: once per process
+        return self._fingerprint
 
     def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Padded inputs and label ids of the rows at ``indices`` (positions in this split)."""
