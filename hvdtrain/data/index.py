@@ -292,8 +292,10 @@ def _hold(entry: Path) -> bool:
         return True
     try:
         lock = open(entry / IN_USE, "a")
-    except OSError:
+    except FileNotFoundError:
         return False
+    except OSError:  # a read-only cache: nothing here can delete it either
+        return (entry / "meta.json").is_file()
     fcntl.flock(lock, fcntl.LOCK_SH)
     if not (entry / "meta.json").is_file():  # deleted while we waited for the lock
         lock.close()
