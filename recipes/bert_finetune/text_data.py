@@ -178,7 +178,7 @@ def _json_records(path: Path):
             items = json.loads(path.read_bytes().decode("utf-8-sig"))
         except UnicodeDecodeError as exc:
             raise TextDataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # JSONDecodeError, or a number past int() digit limit
             raise TextDataError(f"{path} is not a valid JSON array: {exc}") from None
         yield from enumerate(items, 1)
         return
@@ -186,7 +186,7 @@ def _json_records(path: Path):
         if line.strip():
             try:
                 yield number, json.loads(line)
-            except json.JSONDecodeError as exc:
+            except ValueError as exc:  # JSONDecodeError, or a number past int() digit limit
                 raise TextDataError(f"{path} line {number} is not valid JSON: {exc}") from None
 
 
