@@ -12,6 +12,13 @@ in the data, not the optimizer-step counter). When a host comes
 back, the next commit notices, the job re-forms with it, and it receives the state. Samples
 between the last commit and a failure are trained again; none are skipped. :func:`commit_due`
 is the commit cadence.
+
+Where the run starts (the output check and lock, the ``--resume`` choice) is decided in the
+state's sync, not before the loop: whoever is rank 0 at the first sync that completes plans and
+broadcasts the decision, so a rank 0 lost before that leaves the decision to the next rank 0
+(``--resume`` is not dropped), and a refusal raises the same error on every worker, which Horovod
+reads as the job failing, not as one host to drop. A collective that fails inside the sync (a
+worker lost there) is Horovod's recoverable error in both frameworks, as it is during training.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
-from hvdtrain.tools.hosts import describe_workers
+from hvdtrain.core import faults, resume
 from hvdtrain.core.rank0 import RankZeroGate
+from hvdtrain.tools.hosts import describe_workers
 
 # A failed collective inside a tf.function surfaces as TensorFlow's UnknownError with one of these
 # in its message, not as Horovod's HorovodInternalError (which Horovod's elastic loop expects).
@@ -33,6 +41,39 @@ def commit_due(config: Any, step: int, applied: bool, checkpointed: bool) -> boo
     never replays past a written one."""
     return bool(applied and config.train.elastic
                 and (checkpointed or step % config.train.elastic_commit_every == 0))
+
+
+def recoverable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed collective (a lost worker) that TensorFlow raised as its own
+    error: Horovod's elastic loop recovers only from its HorovodInternalError."""
+    return any(marker in str(exc) for marker in COLLECTIVE_FAILURE_MARKERS)
+
+
+def agree_on_start(trainer: Any, state: Any) -> None:
+    """Every worker's part of the start decision in a sync (collectives: all call it). Rank 0 holds
+    the output's lock (a worker that is no longer rank 0 lets it go first); until a sync has
+    completed, rank 0 plans (:func:`resume.plan_start`), afterwards it re-sends the plan it
+    follows. A refusal raises on every worker. A new plan is carried out at once (rank 0 restores
+    its checkpoint into the model and ``state``); the caller commits it (``trainer.plan``) once the
+    whole sync has succeeded, so a sync cut short by a lost worker plans again."""
+    adapter, ctx, lock = trainer.adapter, trainer.ctx, trainer.lock
+    if not ctx.is_main:
+        lock.release()
+    adapter.broadcast_object(None)  # distributed: the old holder has let go before rank 0 takes the lock
+
+    def propose() -> dict[str, Any]:
+        if trainer.plan is None:
+            return {**resume.plan_start(trainer.config, trainer.manager, trainer.output, lock), "new": True}
+        busy = lock.acquire()
+        return {"error": busy} if busy else {**trainer.plan, "new": False}
+
+    decision = resume.agree(adapter, ctx.is_main, propose)
+    trainer.pending_plan = decision
+    if not decision.get("new") or trainer.plan is not None:
+        return  # a worker joining a run under way: the state comes by broadcast
+    started = trainer.start(decision, collective=False)
+    state.position, state.history, state.carried = started.position, started.history, None
+    state.last_checkpoint = started.last_checkpoint
 
 
 def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
@@ -69,12 +110,23 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
 
         def sync(self) -> None:
             trainer.watchdog.beat(state.position.step, "waiting in collectives (elastic state broadcast)")
-            with trainer.watchdog.phase("an elastic join: waiting for every worker, new ones included"):
-                adapter.broadcast_state(root_rank=0)  # distributed: new and old workers start from rank 0
-                where = describe_workers(adapter)  # a joining host with other versions is named here
-                if where:
-                    trainer.gate.print(where)
-                state.position, state.history = adapter.broadcast_object((state.position, state.history))
+            faults.at_first_sync(trainer.ctx.rank)  # HVDTRAIN_FAULT=kill-at-sync: a worker lost right here
+            try:
+                with trainer.watchdog.phase("an elastic join: waiting for every worker, new ones included"):
+                    agree_on_start(trainer, state)  # distributed: where the run starts, on every rank
+                    adapter.broadcast_state(root_rank=0)  # distributed: new and old workers start from rank 0
+                    where = describe_workers(adapter)  # a joining host with other versions is named here
+                    if where:
+                        trainer.gate.print(where)
+                    state.position, state.history = adapter.broadcast_object((state.position, state.history))
+            except HorovodInternalError:
+                raise
+            except Exception as exc:  # TensorFlow's error for a collective a lost worker left unfinished
+                if recoverable(exc):
+                    raise HorovodInternalError(exc) from exc
+                raise
+            trainer.plan = {k: v for k, v in trainer.pending_plan.items() if k != "new"}  # agreed by every rank
+            trainer.announce_start()  # rank 0: config.yaml (again after a re-form: the same), the lock's holder
             state.carried = None  # partial training-loss sums are per rank; restart them
             trainer._reseed(state.position)  # every rank its own dropout stream again
             self.save()
@@ -93,10 +145,11 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
         except HorovodInternalError:
             raise
         except Exception as exc:
-            if any(marker in str(exc) for marker in COLLECTIVE_FAILURE_MARKERS):
+            if recoverable(exc):
                 raise HorovodInternalError(exc) from exc
             raise
 
+    trainer.plan = None  # no start agreed yet: the first sync that completes decides it
     elastic_state = ElasticTrainingState()
     def reset() -> None:
         with trainer.watchdog.phase("an elastic join: Horovod re-forms the job"):

@@ -9,7 +9,9 @@ Set ``HVDTRAIN_FAULT`` to one or more comma-separated faults, ``KIND[:rank=R][:s
   or a survivor kept busy long enough for an elastic host to come back;
 * ``nan``    make rank R's gradient NaN at step S (its loss is weighted by NaN);
 * ``crash-in-checkpoint``  exit abruptly after a checkpoint's files are written, before the
-  rename that publishes it (step S: the first checkpoint at or after that step).
+  rename that publishes it (step S: the first checkpoint at or after that step);
+* ``kill-at-sync``  ``kill -9`` this worker as it enters its first elastic state sync (where the
+  start is agreed), if it is rank R then: a worker lost before the job's first sync.
 
 Without the variable every function here is a no-op. The training loop fires them through the
 :class:`FaultInjection` callback, before each micro-batch's train step.
@@ -25,7 +27,7 @@ from typing import Any
 
 from hvdtrain.core.callbacks import Callback
 
-KINDS = ("raise", "kill", "hang", "slow", "nan", "crash-in-checkpoint")
+KINDS = ("raise", "kill", "hang", "slow", "nan", "crash-in-checkpoint", "kill-at-sync")
 FIELDS = ("rank", "step", "ms")
 
 
@@ -101,6 +103,17 @@ def crash_before_publish(step: int) -> None:
     """Exit at once, leaving a checkpoint written but not renamed into place."""
     if any(f.kind == "crash-in-checkpoint" and (f.step is None or step >= f.step) for f in _FAULTS):
         os._exit(17)
+
+
+_synced = False
+
+
+def at_first_sync(rank: int) -> None:
+    """Fire ``kill-at-sync`` (rank ``rank`` now) when this process enters its first elastic sync."""
+    global _synced
+    first, _synced = not _synced, True
+    if first and any(f.kind == "kill-at-sync" and f.rank in (None, rank) for f in _FAULTS):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class FaultInjection(Callback):

@@ -35,6 +35,7 @@ from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager, atomic_write_text
 from hvdtrain.core.config import RunConfig, dump_yaml
 from hvdtrain.core.errors import TrainingError
+from hvdtrain.core.outputdir import OutputLock
 from hvdtrain.tools.hosts import describe_workers
 from hvdtrain.core.prefetch import prefetch
 from hvdtrain.core.rank0 import RankZeroGate
@@ -107,33 +108,28 @@ class Trainer:
         rules.check(cfg)  # the rulebook: what reads only the config, before Horovod starts
         ctx = self.ctx = adapter.init(cfg)
         rules.check_job(cfg, ctx)  # ... and what needs the job
-        with StallWatchdog(cfg.train.stall_timeout_sec, ctx.rank) as self.watchdog:
-            return self._fit(builder)
+        self.lock = OutputLock(Path(cfg.output))  # rank 0 takes it when it plans, holds it to the end
+        try:
+            with StallWatchdog(cfg.train.stall_timeout_sec, ctx.rank) as self.watchdog:
+                return self._fit(builder)
+        finally:
+            self.lock.release()
 
     def _fit(self, builder: Any) -> RunResult:
         cfg, adapter, ctx = self.config, self.adapter, self.ctx
         gate = self.gate = RankZeroGate(ctx.rank)
         output = self.output = Path(cfg.output)
-        manager = CheckpointManager(output / "checkpoints", cfg.checkpoint.keep_last,
-                                    cfg.checkpoint.best_metric, cfg.checkpoint.best_mode)
+        manager = self.manager = CheckpointManager(output / "checkpoints", cfg.checkpoint.keep_last,
+                                                   cfg.checkpoint.best_metric, cfg.checkpoint.best_mode)
         self.checkpoints = CheckpointPolicy(cfg, manager, adapter, self.watchdog)
 
         is_elastic = cfg.train.elastic
-        if is_elastic:
-            # Before the elastic loop every step must be local: a worker that joins later runs this
-            # prelude while the others are already inside the loop. Rank 0's position and weights
-            # reach the others in the elastic state's first sync.
-            plan = resume.plan_start(cfg, manager, output) if ctx.is_main else {"checkpoint": None}
-        else:
+        if not is_elastic:  # elastic: decided in the elastic state's first sync by whoever is rank 0 then
             with self.watchdog.phase("planning the start: rank 0 verifies the checkpoints' checksums"):
-                plan = adapter.broadcast_object(resume.plan_start(cfg, manager, output) if ctx.is_main else None)
+                plan = resume.agree(adapter, ctx.is_main, lambda: resume.plan_start(cfg, manager, output, self.lock))
             where = describe_workers(adapter)  # hvdtrain.tools.hosts: same versions on every host
             if where:
                 gate.print(where)
-        if plan.get("error"):
-            raise TrainingError(plan["error"])
-        for note in plan.get("notes", []):
-            gate.warn(note)
 
         self.watchdog.beat(0, "building the recipe's model and data")
         with self.watchdog.phase("building the recipe's model and data (a cold image index or token cache)"):
@@ -145,22 +141,15 @@ class Trainer:
             raise TrainingError("the validation set is empty")
         self.watchdog.beat(0, "preparing the model and optimizer")
         adapter.prepare(task, cfg)
-        self.watchdog.beat(0, "restoring the checkpoint")
-
-        position, history, carried = resume.restore(plan, adapter, ctx, gate, output, collective=not is_elastic)
-        if not is_elastic:
-            adapter.broadcast_state(root_rank=0)
-            if carried is None:  # a fresh start, or a resume on another number of workers
-                self._reseed(position)
-        compression_state.restore(adapter, plan, ctx.rank, ctx.size, collective=not is_elastic)  # exchange state
-        if ctx.is_main:
-            atomic_write_text(output / CONFIG_FILE, dump_yaml(cfg))
-        state = TrainingState(position, history, carried,
-                              Path(plan["checkpoint"]) if plan.get("checkpoint") else None)
         self.hooks = run_callbacks(cfg, self.watchdog, task.export, output, self.callbacks)
         if is_elastic:
-            result = elastic.run_elastic(self, lambda st: self._run_epochs(task, st), state)
+            # Before the elastic loop every step is local: a worker that joins later runs this prelude
+            # while the others are already inside the loop. Where to start is agreed in the elastic
+            # state's first sync, and rank 0's position and weights reach the others there.
+            result = elastic.run_elastic(self, lambda st: self._run_epochs(task, st), TrainingState(Position(), []))
         else:
+            state = self.start(plan)
+            self.announce_start()
             result = self._run_epochs(task, state)
         self.hooks.on_train_end(result)  # the recipe's export first
         final = result.final
@@ -169,6 +158,28 @@ class Trainer:
                         + (f" samples/s={final['samples_per_sec']:.0f}" if final else "")
                         + f" output={output}")
         return result
+
+    def start(self, plan: dict[str, Any], collective: bool = True) -> TrainingState:
+        """Carry out the agreed ``plan`` on every rank (its notes on rank 0): restore the checkpoint,
+        and, when ``collective`` (not in an elastic sync, which broadcasts itself), broadcast it."""
+        adapter, ctx = self.adapter, self.ctx
+        for note in plan.get("notes", []):
+            self.gate.warn(note)
+        self.watchdog.beat(0, "restoring the checkpoint")
+        position, history, carried = resume.restore(plan, adapter, ctx, self.gate, self.output, collective)
+        if collective:
+            adapter.broadcast_state(root_rank=0)
+            if carried is None:  # a fresh start, or a resume on another number of workers
+                self._reseed(position)
+        compression_state.restore(adapter, plan, ctx.rank, ctx.size, collective)  # exchange state
+        return TrainingState(position, history, carried, Path(plan["checkpoint"]) if plan.get("checkpoint") else None)
+
+    def announce_start(self) -> None:
+        """Rank 0, once every rank has agreed on the start: ``config.yaml``, and its pid and host
+        in the output's lock file (what a run refused by the lock names)."""
+        if self.ctx.is_main:
+            atomic_write_text(self.output / CONFIG_FILE, dump_yaml(self.config))
+            self.lock.announce()
 
     def _reseed(self, position: Position) -> None:
         """Give this rank its own framework random stream (dropout masks differ between ranks,

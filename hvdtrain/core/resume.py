@@ -1,11 +1,16 @@
 """Where a run starts: rank 0's resume plan, and the planned checkpoint restored on every rank.
 
-:func:`plan_start` runs on rank 0 before anything is built. It checks the output directory, asks
+:func:`plan_start` runs on rank 0. It takes the output's lock
+(:class:`~hvdtrain.core.outputdir.OutputLock`: one run at a time), refuses a directory an earlier
+run used unless this run resumes, asks
 :meth:`~hvdtrain.core.checkpoint.CheckpointManager.latest` for the newest verified checkpoint,
 refuses one saved with another state-defining setting (:data:`STATE_DEFINING_KEYS`: nothing is
-changed then) and only after that moves newer damaged checkpoints aside. The plan is a plain dict,
-broadcast to every rank so that all ranks start at the same point or all stop with the same error:
-``{"error": message}`` or ``{"checkpoint": path or None, "manifest": ..., "notes": [...]}``.
+changed then), reads the metrics history up to it (a torn last line is dropped with a warning)
+and only after that moves newer damaged checkpoints aside. The plan is a plain dict, the decision
+:func:`agree` broadcasts to every rank so that all ranks start at the same point or all stop with
+the same error: ``{"error": message}`` or ``{"checkpoint": path or None, "manifest": ...,
+"history": [...], "notes": [...]}``. In elastic mode the decision is taken in the elastic state's
+first sync by whichever worker is rank 0 then (:mod:`hvdtrain.core.elastic`).
 
 :func:`restore` carries the plan out once the model exists: rank 0 loads the weights (the loop
 broadcasts them), cuts ``metrics.jsonl`` back to the checkpoint, and with the same world size
@@ -26,12 +31,18 @@ import numpy as np
 from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager, atomic_write_text
 from hvdtrain.core.config import RunConfig, to_dict
 from hvdtrain.core.errors import TrainingError
+from hvdtrain.core.outputdir import OutputLock, describe, run_files
 
 METRICS_FILE = "metrics.jsonl"
 RANK_STATE_FILE = "rank_state.json"
 # Config keys that decide the shape of the saved state or the meaning of its position (the epoch's
-# batches, the accumulation windows): resuming across a change is refused.
-STATE_DEFINING_KEYS = ("model", "optim.name", "train.batch_size", "train.grad_accumulation")
+# batches, the accumulation windows, which samples the epoch's order holds and in which order):
+# resuming across a change is refused.
+STATE_DEFINING_KEYS = ("model", "optim.name", "train.batch_size", "train.grad_accumulation",
+                       "train.seed", "data.shuffle", "data.remainder", "data.max_train_samples", "data.path")
+# ... of which these decide the samples and their order: the saved position means other samples.
+DATA_ORDER_KEYS = ("train.seed", "data.shuffle", "data.remainder", "data.max_train_samples", "data.path")
+_MISSING = object()
 
 
 @dataclass
@@ -59,7 +70,7 @@ def check_output_dir(output: Path) -> None:
 
 def _get(config: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
-        config = config.get(part, {}) if isinstance(config, dict) else {}
+        config = config.get(part, _MISSING) if isinstance(config, dict) else _MISSING
     return config
 
 
@@ -72,42 +83,68 @@ def incompatibility(info: CheckpointInfo, config: RunConfig) -> str | None:
                     f"uses {getattr(config, key)!r} (nothing was changed)")
     saved, now = info.manifest.get("config", {}), to_dict(config)
     for key in STATE_DEFINING_KEYS:
-        if _get(saved, key) != _get(now, key):
-            return (f"cannot resume: checkpoint {info.path} was saved with {key}={_get(saved, key)!r}, this run "
-                    f"has {key}={_get(now, key)!r}; use the same {key} or another --output (nothing was changed)")
+        before = _get(saved, key)
+        if before is _MISSING:  # a checkpoint from a version without that key: nothing to compare
+            continue
+        if before != _get(now, key):
+            why = " (its position in the data would skip or repeat samples)" if key in DATA_ORDER_KEYS else ""
+            return (f"cannot resume: checkpoint {info.path} was saved with {key}={before!r}, this run "
+                    f"has {key}={_get(now, key)!r}{why}; use the same {key} or another --output "
+                    f"(nothing was changed)")
     return None
 
 
-def plan_start(config: RunConfig, manager: CheckpointManager, output: Path) -> dict[str, Any]:
-    """Rank 0's decision: where to start, or the error every rank should raise (never raises)."""
+def plan_start(config: RunConfig, manager: CheckpointManager, output: Path, lock: OutputLock) -> dict[str, Any]:
+    """Rank 0's decision: where to start, or the error every rank should raise (never raises).
+    Takes ``lock`` first and keeps it unless the decision is an error."""
     try:
         check_output_dir(output)
-        manager.remove_temporaries()
-        if not config.checkpoint.resume:
-            existing = manager.checkpoints()
-            if existing:
-                return {"error": f"output directory {output} already holds checkpoints "
-                                 f"({existing[-1].path.name}); pass --resume to continue that run or choose "
-                                 f"another --output (nothing was changed)"}
-            return {"checkpoint": None}
-        notes: list[str] = []
-        damaged: list[CheckpointInfo] = []
-        latest = manager.latest(notes, damaged)
-        problem = incompatibility(latest, config) if latest is not None else None
-        if problem:
-            return {"error": problem}
-        notes += manager.set_aside(damaged)  # out of the way of the checkpoints this run will write, but kept
-        if latest is None:
-            notes.append(f"--resume: no usable checkpoint in {manager.directory}; starting from scratch")
-            abandoned = set_metrics_aside(output)
-            if abandoned:
-                notes.append(f"the abandoned run's {METRICS_FILE} was moved to {abandoned.name}")
-            return {"checkpoint": None, "notes": notes}
-        if damaged:
-            notes.append(f"falling back to checkpoint {latest.path}")
-        return {"checkpoint": str(latest.path), "manifest": latest.manifest, "notes": notes}
+        busy = lock.acquire()
+        if busy:
+            return {"error": busy}
+        plan = _plan(config, manager, output)
     except Exception as exc:  # every rank must hear about it, or the others hang in the broadcast
-        return {"error": str(exc)}
+        plan = {"error": str(exc)}
+    if plan.get("error"):
+        lock.release(remove=lock.created)  # a refused run leaves the directory as it found it
+    return plan
+
+
+def _plan(config: RunConfig, manager: CheckpointManager, output: Path) -> dict[str, Any]:
+    if not config.checkpoint.resume:
+        used = run_files(output)
+        if used:
+            return {"error": f"output directory {output} already holds a run ({describe(used)}); pass --resume to "
+                             f"continue that run or choose another --output (nothing was changed)"}
+        manager.remove_temporaries()
+        return {"checkpoint": None}
+    notes: list[str] = []
+    damaged: list[CheckpointInfo] = []
+    latest = manager.latest(notes, damaged)
+    problem = incompatibility(latest, config) if latest is not None else None
+    if problem:
+        return {"error": problem}
+    history = read_history(output, latest, notes) if latest is not None else []
+    manager.remove_temporaries()  # no other run writes here: this one holds the lock
+    notes += manager.set_aside(damaged)  # out of the way of the checkpoints this run will write, but kept
+    if latest is None:
+        notes.append(f"--resume: no usable checkpoint in {manager.directory}; starting from scratch")
+        abandoned = set_metrics_aside(output)
+        if abandoned:
+            notes.append(f"the abandoned run's {METRICS_FILE} was moved to {abandoned.name}")
+        return {"checkpoint": None, "notes": notes}
+    if damaged:
+        notes.append(f"falling back to checkpoint {latest.path}")
+    return {"checkpoint": str(latest.path), "manifest": latest.manifest, "history": history, "notes": notes}
+
+
+def agree(adapter: Any, is_main: bool, propose: Any, root_rank: int = 0) -> dict[str, Any]:
+    """The start every rank takes: ``propose()`` on the root (rank 0) broadcast to all (a collective);
+    an error in it raises the same :class:`TrainingError` on every rank, so the whole job stops."""
+    decision = adapter.broadcast_object(propose() if is_main else None, root_rank=root_rank)  # distributed
+    if decision.get("error"):
+        raise TrainingError(decision["error"])
+    return decision
 
 
 def set_metrics_aside(output: Path) -> Path | None:
@@ -122,13 +159,45 @@ def set_metrics_aside(output: Path) -> Path | None:
     return path.rename(output / f"{METRICS_FILE}.abandoned-{n}")
 
 
-def previous_history(output: Path, upto_epoch: int) -> list[dict[str, Any]]:
-    """The ``metrics.jsonl`` rows of epochs up to ``upto_epoch`` (what the checkpoint had seen)."""
-    path = output / METRICS_FILE
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows of a ``metrics.jsonl`` and a warning when its last line was torn (a kill or a full
+    disk during the append: it is dropped); a damaged line before the last is a TrainingError
+    naming the file and the line."""
+    path = Path(path)
     if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("epoch", 0) <= upto_epoch]
+        return [], None
+    lines = [(n, line) for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    rows: list[dict[str, Any]] = []
+    for k, (n, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            if k == len(lines) - 1:
+                return rows, (f"{path}: dropped its torn last line {n} ({line[:60]!r}...: {exc}), the end of "
+                              f"an append that did not finish")
+            raise TrainingError(f"{path}: line {n} is not a JSON object ({line[:60]!r}: {exc}); fix or delete "
+                                f"that line (nothing was changed)") from None
+        rows.append(row)
+    return rows, None
+
+
+def read_history(output: Path, checkpoint: CheckpointInfo, notes: list[str]) -> list[dict[str, Any]]:
+    """The ``metrics.jsonl`` rows of the epochs up to ``checkpoint`` (what it had seen); the
+    checkpoint's own epoch row comes from its manifest when the file lost it (torn, or the run was
+    killed between the checkpoint and the append). Warnings go to ``notes``."""
+    rows, torn = read_metrics(Path(output) / METRICS_FILE)
+    if torn:
+        notes.append(torn)
+    epoch = int(checkpoint.manifest["epoch"])
+    history = [r for r in rows if r.get("epoch", 0) <= epoch]
+    record = checkpoint.manifest.get("metrics")
+    if epoch and isinstance(record, dict) and record.get("epoch") == epoch and \
+            not any(r.get("epoch") == epoch for r in history):
+        history.append(record)
+        notes.append(f"{METRICS_FILE} had no row for epoch {epoch}; taken from checkpoint {checkpoint.path}")
+    return history
 
 
 def capture_rng() -> dict[str, Any]:
@@ -156,11 +225,10 @@ def restore(plan: dict[str, Any], adapter: Any, ctx: Any, gate: Any, output: Pat
         return Position(), [], None
     manifest, path = plan["manifest"], Path(plan["checkpoint"])
     position = Position(int(manifest["epoch"]), int(manifest.get("consumed", 0)), int(manifest["step"]))
-    history: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = [dict(r) for r in plan.get("history", [])]
     rank_states = None
     if ctx.is_main:
         adapter.load_state(path)
-        history = previous_history(output, position.epoch)
         atomic_write_text(output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
         if (path / RANK_STATE_FILE).is_file():
             rank_states = json.loads((path / RANK_STATE_FILE).read_text())

@@ -85,6 +85,7 @@ def barrier() -> None:
 
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
     """Model, optimizer, loss and data for one worker; the adapter wires up Horovod."""
+    export.check_target(config.output, config.model.name)  # never replace a user's folder
     data = common.prepare(config, ctx, KERAS_HUB_INPUTS, dtype="int32", barrier=barrier)
     keras.utils.set_random_seed(config.train.seed)  # dropout alike everywhere; rank 0's weights are broadcast
     model = load_model(data.model_dir, data.model_config, data.labels, config.train.seed)

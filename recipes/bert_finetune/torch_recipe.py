@@ -76,6 +76,7 @@ def barrier() -> None:
 
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
     """Model, optimizer, loss and data for one worker; the adapter wires up Horovod."""
+    export.check_target(config.output, config.model.name)  # never replace a user's folder
     data = common.prepare(config, ctx, TORCH_INPUTS, dtype="int64", barrier=barrier)
     torch.manual_seed(config.train.seed)  # same dropout stream everywhere; rank 0's weights are broadcast
     model = load_model(data.model_dir, data.labels, config.train.seed)

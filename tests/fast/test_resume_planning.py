@@ -42,7 +42,10 @@ def test_resume_across_a_setting_that_does_not_define_the_state_continues(tmp_pa
 
 
 @pytest.mark.parametrize("key, value", [("train.batch_size", 16), ("optim.name", "adam"),
-                                        ("train.grad_accumulation", 2)])
+                                        ("train.grad_accumulation", 2),
+                                        # the samples of the epoch's order and their order (issue 22, item 7)
+                                        ("train.seed", 7), ("data.shuffle", "false"), ("data.remainder", "drop"),
+                                        ("data.max_train_samples", 64), ("data.path", "/elsewhere")])
 def test_resume_across_a_state_defining_change_is_refused_naming_the_key(tmp_path, key, value):
     fit(tmp_path, "train.epochs=1")
     before = snapshot_tree(tmp_path)
