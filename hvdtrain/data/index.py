@@ -140,15 +140,21 @@ def _scan_tree(split_dir: Path, classes: list[str] | None) -> tuple[list[str], l
 
 def read_labels_file(path: Path) -> dict[str, str]:
     """Image id (file name without extension) -> class name, from an ImageNet solution CSV
-    (``ImageId,PredictionString``, the class is the first word) or a ``file,class`` CSV."""
+    (``ImageId,PredictionString``, the class is the first word) or a ``file,class`` CSV. Read as
+    UTF-8 with the file system's escapes for other bytes (so names that are not UTF-8 match the
+    files they name); a line that is not CSV is an error naming the file."""
     mapping: dict[str, str] = {}
-    with open(path, newline="") as f:
-        for row in csv.reader(f):
-            if len(row) < 2 or row[0].strip().lower() in ("imageid", "image", "file", "filename", "path"):
-                continue
-            image, cls = row[0].strip(), row[1].strip().split()
-            if image and cls:
-                mapping[os.path.splitext(os.path.basename(image))[0]] = cls[0]
+    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as f:
+        reader = csv.reader(f)
+        try:
+            for row in reader:
+                if len(row) < 2 or row[0].strip().lower() in ("imageid", "image", "file", "filename", "path"):
+                    continue
+                image, cls = row[0].strip(), row[1].strip().split()
+                if image and cls:
+                    mapping[os.path.splitext(os.path.basename(image))[0]] = cls[0]
+        except csv.Error as exc:
+            raise DataError(f"labels file {path} line {reader.line_num} is not CSV: {exc}") from None
     if not mapping:
         raise DataError(f"labels file {path} holds no rows of image,class")
     return mapping

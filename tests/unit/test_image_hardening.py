@@ -144,3 +144,16 @@ def test_unused_entries_are_pruned_and_copies_agree(tmp_path):
     (tmp_path / "two" / "train" / "b" / "new.png").rename(tmp_path / "two" / "train" / "a" / "new.png")
     moved, _, _ = load(tmp_path / "two")
     assert len(moved) == len(one) and moved.fingerprint() != one.fingerprint()  # same count, other labels
+
+
+def test_a_flat_validation_folder_with_names_that_are_not_utf8(tmp_path):
+    tree(tmp_path, splits=("train",))
+    (tmp_path / "val").mkdir()
+    for stem, cls in ((b"caf\xe9", "b"), (b"plain", "a")):
+        Image.new("RGB", (40, 40)).save(open(os.path.join(os.fsencode(tmp_path / "val"), stem + b".png"), "wb"),
+                                        format="PNG")
+    labels = tmp_path / "labels.csv"
+    labels.write_bytes(b"file,class\ncaf\xe9.png,b\nplain.png,a\n")  # a Latin-1 labels file, as the names are
+    _, val, _ = load(tmp_path, val_labels=str(labels))
+    names = [val.index.relpath(i) for i in range(len(val))]
+    assert val.labels_of(np.arange(2)).tolist() == [1 if n == os.fsdecode(b"caf\xe9.png") else 0 for n in names]
