@@ -157,6 +157,33 @@ def truncate_weights_listing_nothing(out: Path) -> None:
             p.write_bytes(p.read_bytes()[:64])
 
 
+def text_file(name: str, content: bytes, *args: str) -> Callable[[Path, Path], list[str]]:
+    """bert-finetune on the data file ``name``: a model folder with a real (tiny) tokenizer, whose
+    weights file is a stand-in: the data is read, and refused, before the weights are loaded."""
+    def make(inp, out):
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed" / "workers"))
+        try:
+            from bert_tiny_model import train_tokenizer
+        finally:
+            sys.path.pop(0)
+        model = inp / "model"
+        model.mkdir()
+        vocab = train_tokenizer(["a fine film", "a dull film", "truly great", "truly bad"], model / "tokenizer.json",
+                                vocab_size=60)
+        (model / "config.json").write_text(json.dumps({
+            "model_type": "bert", "vocab_size": vocab, "hidden_size": 8, "num_hidden_layers": 1,
+            "num_attention_heads": 1, "intermediate_size": 8, "max_position_embeddings": 512}))
+        (model / "model.safetensors").write_bytes(b"")
+        (inp / name).write_bytes(content)
+        return ["recipe", "bert-finetune", "--model", str(model), "--data", str(inp / name), "--output", str(out),
+                "--text-column", "text", "--label-column", "label", "--epochs", "1", "--batch-size", "4",
+                "--set", "train.log_every=0", "--set", "train.progress_bar=false", *args]
+    return make
+
+
+TEXT_ROWS = b"text,label\n" + b"a fine film,pos\na dull film,neg\n" * 10
+
+
 @dataclass(frozen=True)
 class Case:
     make: Callable[[Path, Path], list[str]]
@@ -211,9 +238,16 @@ CASES = {
     "labels CSV empty": Case(flat_val(b"file,class\n"), ("labels.csv", "no rows")),
     "decompression bomb (item 8)": Case(damaged_tree(decompression_bomb), (str(Path("train") / "a" / "0.png"),)),
     "corrupt JPEG": Case(damaged_tree(corrupt_jpeg), ("broken.jpg", "image.bad_files=skip")),
+    "text: unquoted comma (item 9)": Case(text_file("d.csv", TEXT_ROWS + b"truly, truly great,pos\n"),
+                                          ("d.csv line 22", "more fields than the header")),
+    "text: no line breaks (item 9)": Case(text_file("d.tsv", b"text\tlabel\r" + b"a fine film\tpos\r" * 1_100_000),
+                                          ("d.tsv line 1", "is longer than")),
+    "text: column missing": Case(text_file("d.jsonl", b'{"sentence": "a fine film", "label": "pos"}\n'),
+                                 ("d.jsonl", "no column 'text'", "sentence")),
+    "text: not UTF-8": Case(text_file("d.csv", TEXT_ROWS + b"caf\xe9,pos\n"), ("d.csv line 22", "not UTF-8")),
     # hosts (item 4)
     "host name is an ssh option (item 4)": Case(hosts("-oProxyCommand=touch INP/marker:1"),
-                                                ("-oProxyCommand=touch",)),
+                                                ("-oProxyCommand=touch", "is not a host name")),
     # an output folder of an earlier run (items 4, 5, 7)
     "used output without --resume (item 5)": Case(earlier_run(), ("--resume", "metrics.jsonl")),
     "resume with another seed (item 7)": Case(earlier_run(lambda out: None, "--resume", "--set", "train.seed=7"),
