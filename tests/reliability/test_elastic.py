@@ -62,3 +62,32 @@ def test_worker_killed_then_host_rejoins(tmp_path, framework):
         lo, hi = sorted(expected_lr(row["epoch"] * per_epoch(row["world_size"]) - back, row["world_size"])
                         for back in (1.0, 1.5))
         assert lo - 1e-12 <= row["lr"] <= hi + 1e-12, row
+
+
+@pytest.mark.distributed
+def test_rank_0_lost_before_the_first_sync_keeps_resume(tmp_path):
+    """Issue 22, item 6: where an elastic job starts is decided in the elastic state's sync by
+    whoever is rank 0 then. Rank 0 is killed as it enters the first sync (HVDTRAIN_FAULT
+    kill-at-sync): the survivor, now rank 0, plans the --resume itself and continues from the
+    checkpoint. Before, only the initial rank 0 planned and loaded the checkpoint: in TensorFlow the
+    survivor crashed on the failed broadcast inside the sync (TensorFlow's UnknownError, not
+    Horovod's recoverable error), in torch it trained from scratch into the old run."""
+    out = tmp_path / "run"
+    small = ["--batch-size", "16", "--set", "data.max_train_samples=128", "--set", "data.max_val_samples=32",
+             "--set", "train.log_every=0", "--set", "train.tensorboard=false", "--set", "train.progress_bar=false"]
+    run([hvdtrain_cli(), "recipe", "image-classification", "--framework", "tensorflow", "--output", out,
+         "--epochs", "1", *small], timeout=300)  # one process: checkpoint epoch-0001 at step 8
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
+    discover.chmod(0o755)
+    proc = run([BIN / "horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", discover,
+                "--network-interfaces", "lo", hvdtrain_cli(), "recipe", "image-classification",
+                "--framework", "tensorflow", "--output", out, "--epochs", "2", "--elastic", "--resume", *small],
+               env={"HVDTRAIN_FAULT": "kill-at-sync:rank=0"}, timeout=300)
+    assert "re-formed with 1 worker(s)" in proc.stdout
+    assert f"resuming from {out / 'checkpoints' / 'epoch-0001'}" in proc.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-0001", "epoch-0002"]
+    manifest = json.loads((out / "checkpoints" / "epoch-0002" / "manifest.json").read_text())
+    assert manifest["step"] == 16  # 8 updates of epoch 1 (the checkpoint) + 8 of epoch 2 on one worker
