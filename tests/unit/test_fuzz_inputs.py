@@ -173,11 +173,9 @@ def test_text_readers(file, bad_rows):
     _read_text("data" + suffix, content, bad_rows)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="item 13 fuzz finding for helper 'data': a JSON number of more than 4300 digits "
-                          "raises ValueError ('Exceeds the limit ... for integer string conversion') out of "
-                          "json.loads in text_data._json_records, not a TextDataError naming the file")
 def test_text_reader_huge_json_number():
+    """A fuzz finding (fixed by helper data): a JSON number of more than 4300 digits raised ValueError
+    ('Exceeds the limit ... for integer string conversion') out of json.loads."""
     _read_text("data.jsonl", b'{"text": "a", "label": ' + b"9" * 5000 + b"}\n", "error")
 
 
@@ -202,15 +200,12 @@ def _read_labels(content: bytes) -> None:
 
 
 @FUZZ
-@given(content=st.one_of(labels_rows.map(lambda rows: _csv(rows, ",")),
-                         st.text(max_size=120).map(lambda t: t.encode("utf-8"))))
+@given(content=st.one_of(labels_rows.map(lambda rows: _csv(rows, ",")), st.binary(max_size=120)))
 def test_labels_csv(content):
     _read_labels(content)
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="item 13 fuzz finding for helper 'data': a labels CSV that is not UTF-8 raises "
-                          "UnicodeDecodeError out of index.read_labels_file (a message naming no file), not a "
-                          "DataError naming it; when fixed, fold st.binary() into test_labels_csv's inputs")
 def test_labels_csv_not_utf8():
+    """A fuzz finding (fixed by helper data): a labels CSV that is not UTF-8 raised UnicodeDecodeError,
+    naming no file."""
     _read_labels(b"\x80")
