@@ -109,6 +109,19 @@ else
   say "using cached Horovod wheel from $wheel_dir"
 fi
 "${pip[@]}" install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
+# Every horovodrun launch asks whether Gloo/MPI were built by importing one framework extension in a
+# forked process, TensorFlow first (4.3 s of CPU here, against 1.8 s for torch). Both extensions come
+# from this one build and answer alike, so ask torch first: about 2.5 s less per launch.
+"$venv/bin/python" - <<'PY' || die "could not reorder Horovod's build check (horovod/common/util.py changed?)"
+import importlib.util, pathlib
+path = pathlib.Path(importlib.util.find_spec("horovod.common.util").origin)
+text = path.read_text()
+old, new = "EXTENSIONS = ['tensorflow', 'torch', 'mxnet']", "EXTENSIONS = ['torch', 'tensorflow', 'mxnet']"
+if old in text:
+    path.write_text(text.replace(old, new + "  # hvdtrain's install.sh: the cheaper import first"))
+elif new not in text:
+    raise SystemExit(f"{path}: no EXTENSIONS list to reorder")
+PY
 
 say "installing hvdtrain (editable) with its test extras"
 extras="all,test"
