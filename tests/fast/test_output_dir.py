@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from numpy_adapter import NumpyAdapter
@@ -89,3 +92,24 @@ def test_a_damaged_metrics_line_before_the_last_is_refused_naming_file_and_line(
         fit(tmp_path, "train.epochs=3", "checkpoint.resume=true")
     assert str(metrics) in str(refused.value)
     assert snapshot_tree(tmp_path) == before
+
+
+def test_the_lock_of_another_process_refuses_and_a_killed_holders_lock_does_not(tmp_path):
+    """A real second process holds the lock: a run is refused naming its pid. Once that process is
+    killed (SIGKILL: no clean-up, its lock file stays), the next run goes ahead."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from hvdtrain.core.outputdir import OutputLock; "
+         "lock = OutputLock(sys.argv[1]); assert lock.acquire() is None; lock.announce(); print('locked', flush=True); "
+         "time.sleep(600)", str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(TrainingError, match=f"in use by another run \\(pid {holder.pid} on host ") as refused:
+            fit(tmp_path, "train.epochs=1")
+        assert ".hvdtrain.lock" in str(refused.value) and "nothing was changed" in str(refused.value)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".hvdtrain.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (tmp_path / ".hvdtrain.lock").exists()  # left behind by the killed holder
+    run = fit(tmp_path, "train.epochs=1")
+    assert run.names() == ["epoch-0001"]
