@@ -22,11 +22,18 @@ USER_ERRORS = (ConfigError, RecipeError, ValueError, LookupError, ImportError, R
 EXPLAINED = (ConfigError, RecipeError, ValueError, TrainingError, CheckpointError, FrameworkMissingError, HostError)
 
 
+def explained(exc: BaseException) -> bool:
+    """Whether ``exc`` is a user's mistake its message explains: one of :data:`EXPLAINED`, or an
+    OSError raised with a message only (``FileNotFoundError("RUN holds no exported model ...")``:
+    no errno, so written for the user, not reported by the operating system)."""
+    return isinstance(exc, EXPLAINED) or (isinstance(exc, OSError) and exc.errno is None and bool(exc.args))
+
+
 def fail(exc: BaseException) -> None:
     """Print ``hvdtrain: error: ...`` and exit: 2 for bad config or names, 1 for anything else.
-    Unexpected failures (not in :data:`EXPLAINED`) print their traceback first, on the failing
+    Unexpected failures (not :func:`explained`) print their traceback first, on the failing
     rank; ``HVDTRAIN_TRACEBACK=1`` prints it for every error."""
-    if os.environ.get("HVDTRAIN_TRACEBACK") or not isinstance(exc, EXPLAINED):
+    if os.environ.get("HVDTRAIN_TRACEBACK") or not explained(exc):
         import traceback
 
         traceback.print_exception(exc)
