@@ -2,16 +2,22 @@
 
 :func:`docker_capability` says whether Docker can be used here (running, or installable as root);
 :class:`Cluster` builds the CPU image once with ``scripts/docker-build.sh`` (the cached Horovod
-wheel reused), then starts containers with the ``worker`` entrypoint (sshd on 2222) as hosts
-``h1``, ``h2``... on one user-defined network, and removes containers, network and volume at the
-end (the image and its build cache stay, so the next run builds in seconds).
+wheel reused) the way a user who followed the README does: from a copy of this tree in which the
+README's key pair was made (``hvdtrain-ssh/``; the user's tree is not touched), then starts
+containers with the ``worker`` entrypoint (sshd on 2222) and that key pair as hosts ``h1``,
+``h2``... on one user-defined network, and removes containers, network and volume at the end (the
+image and its build cache stay, so the next run builds in seconds). :func:`key_material_in_layers`
+lists what of a key pair, host keys or wheels any layer of an image holds.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import shutil
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -34,6 +40,60 @@ def docker_capability() -> str | None:
     return "no Docker engine, no dockerd and no apt-get to install docker.io"
 
 
+def copy_tree(repo: Path, dest: Path) -> None:
+    """The files git would commit (tracked, and untracked ones not ignored) of ``repo`` into ``dest``."""
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=repo, check=True,
+                            capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = repo / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+
+
+def make_key_pair(folder: Path) -> None:
+    """The README's step 1: ``ssh-keygen -t ed25519 -N "" -f hvdtrain-ssh/id_ed25519`` (once)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "id_ed25519").exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hvdtrain-test", "-f",
+                        str(folder / "id_ed25519")], check=True, capture_output=True)
+
+
+# names no layer may hold: sshd host keys, key pairs and their authorizations, the README's folder
+KEY_NAMES = re.compile(r"(^|/)(ssh_host_\w+_key(\.pub)?|id_(rsa|dsa|ecdsa|ed25519)(\.pub)?|authorized_keys2?"
+                       r"|known_hosts2?|hvdtrain-ssh)(/|$)")
+
+
+def key_material_in_layers(docker: str, image: str, keys: Path) -> list[str]:
+    """``LAYER: PATH (why)`` for every file in any layer of ``image`` (``docker save``, each layer's
+    own tar: files deleted by a later layer count too) that is a key file by name, holds the private
+    or public key of the pair in ``keys``, or is a wheel (``.whl``). Empty when the image is clean."""
+    secrets = {}
+    body = (keys / "id_ed25519").read_text().splitlines()[2:-1]  # the first base64 line is a common header
+    secrets.update({line.encode(): "the private key" for line in body if len(line) >= 40})
+    secrets[(keys / "id_ed25519.pub").read_text().split()[1].encode()] = "the public key"
+    found: list[str] = []
+    proc = subprocess.Popen([docker, "save", image], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    with tarfile.open(fileobj=proc.stdout, mode="r|") as saved:
+        for entry in saved:
+            if not (entry.isfile() and entry.name.endswith(".tar")):
+                continue
+            layer = saved.extractfile(entry)
+            with tarfile.open(fileobj=layer, mode="r|") as files:
+                for member in files:
+                    name = member.name
+                    if KEY_NAMES.search(name):
+                        found.append(f"{entry.name}: {name} (key file)")
+                    if name.endswith(".whl") and not name.startswith("usr/share/python-wheels/"):  # python3-venv's
+                        found.append(f"{entry.name}: {name} (wheel)")
+                    if member.isfile() and member.size <= 1 << 20:
+                        data = files.extractfile(member).read()
+                        found += [f"{entry.name}: {name} ({what})" for secret, what in secrets.items() if secret in data]
+    assert proc.wait() == 0, f"docker save {image} failed"
+    return found
+
+
 class Cluster:
     """A set of containers from one image acting as hosts; ``docker`` is the client to use."""
 
@@ -43,21 +103,25 @@ class Cluster:
         self.network = f"{PREFIX}-net"
         self.volume = f"{PREFIX}-shared"
         self.elastic_volume = f"{PREFIX}-elastic"  # writable on every host: an elastic job's rank 0 can be on any
-        self.keys = tmp / "ssh"
+        self.context = tmp / "context"  # the build context: a copy of this tree plus the README's key pair
+        self.keys = self.context / "hvdtrain-ssh"
         self.hosts: dict[str, dict] = {}
         self.timings: dict[str, float] = {}
 
     # -- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
-        """Start/install Docker if needed and build the image (one command: scripts/docker-build.sh)."""
+        """Start/install Docker if needed and build the image (one command: scripts/docker-build.sh)
+        in a copy of this tree where the README's key pair has been made first."""
         started = time.monotonic()
         proc = subprocess.run(["bash", "scripts/docker-daemon.sh"], cwd=REPO, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, proc.stderr
         self.docker = proc.stdout.strip()
+        copy_tree(REPO, self.context)
+        make_key_pair(self.keys)
         log = self.tmp / "docker-build.log"
         with open(log, "w") as out:
-            proc = subprocess.run(["bash", "scripts/docker-build.sh", IMAGE], cwd=REPO, stdout=out,
+            proc = subprocess.run(["bash", "scripts/docker-build.sh", IMAGE], cwd=self.context, stdout=out,
                                   stderr=subprocess.STDOUT, timeout=2400)
         assert proc.returncode == 0, "image build failed:\n" + log.read_text()[-6000:]
         self.timings["build"] = time.monotonic() - started
@@ -68,10 +132,7 @@ class Cluster:
         self.run("network", "create", self.network)
         self.run("volume", "create", self.volume)
         self.run("volume", "create", self.elastic_volume)
-        self.keys.mkdir(parents=True, exist_ok=True)
-        if not (self.keys / "id_ed25519").exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hvdtrain-test", "-f",
-                            str(self.keys / "id_ed25519")], check=True, capture_output=True)
+        make_key_pair(self.keys)
         for index, name in enumerate(names):
             self.add_host(name, writable=index == 0)
         for name in names:

@@ -10,7 +10,10 @@ pair, a shared volume), launched from h1 over SSH.
   mid-epoch, the survivors continue, the host is started again and rejoins, the run finishes all
   epochs (its output on a volume every host mounts writable);
 * ``hvdtrain env --hosts`` on every host; a host with another hvdtrain version named before
-  training; a host that does not answer SSH named in an error instead of a hang.
+  training; a host that does not answer SSH named in an error instead of a hang;
+* no credentials in the image: built after the README's key pair was made in the build context, no
+  layer holds it, an sshd host key or a staged wheel; every container makes its own host keys and
+  ssh trusts only host keys certified by the job's key pair.
 
 In the fixed-host cases only h1 (rank 0's host) mounts the shared volume writable, so a write
 from another host fails the job. Needs Docker (started, or installed with apt-get as root): under
@@ -29,7 +32,7 @@ import time
 
 import pytest
 
-from cluster.dockerhosts import SSH_PORT, Cluster, docker_capability
+from cluster.dockerhosts import IMAGE, SSH_PORT, Cluster, docker_capability, key_material_in_layers
 
 WHY_NOT = docker_capability()
 if WHY_NOT and os.environ.get("CI") == "true":
@@ -89,6 +92,30 @@ def test_env_compares_every_host(cluster):
     assert "versions agree on all 2 host(s)" in proc.stdout, proc.stdout
     header = proc.stdout.splitlines()[0].split()
     assert header == ["host", "h1", "h2"], proc.stdout
+
+
+def test_image_layers_hold_no_key_and_no_wheel(cluster):
+    """The image was built as by a user who followed the README: ``hvdtrain-ssh/`` (root's
+    authorized key on every worker) made in the build context first. No layer (files a later layer
+    deletes included) holds that key pair, an sshd host key, an authorized_keys or known_hosts file,
+    or the Horovod wheels docker/wheels offered to the install step."""
+    found = key_material_in_layers(cluster.docker, IMAGE, cluster.keys)
+    assert not found, "key material or wheels in the image's layers:\n" + "\n".join(found)
+
+
+def test_each_host_has_its_own_host_keys_and_only_certified_hosts_are_trusted(cluster):
+    prints = {h: cluster.exec(h, "ssh-keygen", "-lf", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1]
+              for h in ("h1", "h2")}
+    assert prints["h1"] != prints["h2"], prints  # made at each container's start, not in the image
+    # a host key the job's key pair did not certify (an impostor's sshd, here on h2:2223) is refused
+    cluster.exec("h2", "bash", "-c", "ssh-keygen -q -t ed25519 -N '' -f /tmp/impostor "
+                 "&& /usr/sbin/sshd -p 2223 -h /tmp/impostor -o PidFile=/tmp/impostor.pid")
+    try:
+        proc = cluster.exec("h1", "ssh", "-p", "2223", "h2", "hostname", check=False, timeout=60)
+        assert proc.returncode != 0 and "Host key verification failed" in proc.stderr, proc.stdout + proc.stderr
+    finally:
+        cluster.exec("h2", "bash", "-c", "kill $(cat /tmp/impostor.pid)", check=False)
+    assert cluster.exec("h1", "ssh", "-p", str(SSH_PORT), "h2", "hostname").stdout.strip() == "h2"
 
 
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])

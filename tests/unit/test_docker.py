@@ -85,11 +85,11 @@ def test_image_is_built_by_the_shared_install_script(kind):
     assert len(install) == 1, runs
     assert "--mount=type=cache,target=/root/.cache/hvdtrain" in install[0]  # the Horovod wheel cache
     assert env_of(DOCKERFILES[kind])["HVDTRAIN_CACHE"] == "/root/.cache/hvdtrain"
-    assert ("COPY", ". /opt/hvdtrain") in steps
+    assert ("COPY", "--from=sources /src /opt/hvdtrain") in steps  # the context without wheels, keys refused
     apt = next(args for args in runs if "apt-get install" in args)
     for package in ("openssh-client", "openssh-server", "build-essential"):
         assert package in apt
-    assert any("ssh-keygen -A" in args for args in runs)
+    assert not any("ssh-keygen" in args for args in runs)  # host keys are made at container start
     entrypoint = dict(steps)["ENTRYPOINT"]
     assert "/opt/hvdtrain/docker/entrypoint.sh" in entrypoint
     env = env_of(DOCKERFILES[kind])
@@ -146,6 +146,8 @@ def test_entrypoint_installs_a_mounted_key_pair(tmp_path):
     ssh = tmp_path / "home" / ".ssh"
     assert stat.S_IMODE((ssh / "id_ed25519").stat().st_mode) == 0o600
     assert (ssh / "authorized_keys").read_text() == (keys / "id_ed25519.pub").read_text()
+    # the pair certifies the hosts: the only host keys ssh trusts are those it signed
+    assert (ssh / "known_hosts").read_text() == "@cert-authority * " + (keys / "id_ed25519.pub").read_text()
 
 
 def test_mpijob_manifest_runs_hvdtrain_on_every_slot():
@@ -154,9 +156,11 @@ def test_mpijob_manifest_runs_hvdtrain_on_every_slot():
     launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     worker_spec = job["spec"]["mpiReplicaSpecs"]["Worker"]
     worker = worker_spec["template"]["spec"]["containers"][0]
-    command = launcher["command"]
+    command = launcher["args"]  # the image's entrypoint runs first (the operator's key as host CA)
     assert command[0] == "mpirun" and command[command.index("hvdtrain") + 1] == "recipe"
     assert int(command[command.index("-np") + 1]) == job["spec"]["slotsPerWorker"] * worker_spec["replicas"]
-    assert worker["command"][0] == "/usr/sbin/sshd"
+    assert worker["args"] == ["worker"] and "command" not in worker  # host keys made at start, then sshd
+    assert {e["name"]: e["value"] for e in worker["env"]}["HVDTRAIN_SSH_PORT"] == "22"
+    assert job["spec"]["sshAuthMountPath"] == "/etc/hvdtrain/ssh"
     assert launcher["image"] == worker["image"]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == job["spec"]["slotsPerWorker"]
