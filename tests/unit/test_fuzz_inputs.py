@@ -15,6 +15,7 @@ clock), no example database written to the checkout, a bounded number of example
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -129,6 +130,31 @@ def test_set_overrides(overrides):
         except ConfigError as exc:
             _one_line_naming(exc, *DOTTED, *TOP, *SECTIONS, "override", "unknown config key", "recipe")
         _untouched(Path(tmp), {})
+
+
+@FUZZ
+@given(overrides=st.lists(st.builds(lambda k, v: f"{k}={v}", keys, st.text(max_size=20)), max_size=3),
+       flags=st.lists(st.sampled_from([["--epochs", "0"], ["--epochs", "x"], ["--batch-size", "-1"], ["--lr", "nan"],
+                                       ["--framework", "jax"], ["--max-length", "5"], ["--model", ""]]), max_size=2))
+def test_the_command_line(overrides, flags):
+    """``hvdtrain recipe image-classification --keys`` (the config resolved, then listed: no
+    training) with fuzzed ``--set`` and flags: exit 0, or 2 with one error line; no traceback."""
+    from click.testing import CliRunner
+
+    from envguard import restore_environ
+    from hvdtrain.cli import main
+
+    argv = ["recipe", "image-classification", "--keys", *sum(flags, []), *sum((["--set", o] for o in overrides), [])]
+    before = dict(os.environ)
+    try:
+        result = CliRunner().invoke(main, argv, catch_exceptions=False)
+    finally:
+        restore_environ(before)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.exit_code in (0, 2), (result.exit_code, result.stderr)
+    if result.exit_code:
+        lines = result.stderr.strip().splitlines()
+        assert lines[-1].startswith(("hvdtrain: error: ", "Error: ")), result.stderr
 
 
 # --- bert-finetune's text readers ---------------------------------------------------------------
