@@ -65,13 +65,19 @@ def load_run(run_dir: str | Path) -> RunData:
     if not metrics.is_file():
         raise ReportError(f"{run_dir} has no {METRICS_FILE}: not an hvdtrain output directory, or no epoch "
                           f"finished yet")
+    try:
+        text = metrics.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"{metrics} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     epochs = []
-    for number, line in enumerate(metrics.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 epochs.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise ReportError(f"{metrics}:{number} is not valid JSON ({exc})") from None
+            if not isinstance(epochs[-1], dict):
+                raise ReportError(f"{metrics}:{number} is not a JSON object (one per epoch): {line[:60]}")
     if not epochs:
         raise ReportError(f"{metrics} is empty: no epoch finished yet")
     config_path = run_dir / CONFIG_FILE

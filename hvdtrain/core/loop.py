@@ -35,7 +35,7 @@ from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager, atomic_write_text
 from hvdtrain.core.config import RunConfig, dump_yaml
 from hvdtrain.core.errors import TrainingError
-from hvdtrain.core.outputdir import OutputLock
+from hvdtrain.core.outputdir import OutputLock, discard_unfinished
 from hvdtrain.tools.hosts import describe_workers
 from hvdtrain.core.prefetch import prefetch
 from hvdtrain.core.rank0 import RankZeroGate
@@ -109,9 +109,14 @@ class Trainer:
         ctx = self.ctx = adapter.init(cfg)
         rules.check_job(cfg, ctx)  # ... and what needs the job
         self.lock = OutputLock(Path(cfg.output))  # rank 0 takes it when it plans, holds it to the end
+        self.fresh_output = False  # set when the agreed start is a new run into an unused output
         try:
             with StallWatchdog(cfg.train.stall_timeout_sec, ctx.rank) as self.watchdog:
                 return self._fit(builder)
+        except BaseException:
+            if self.lock.held and self.fresh_output:  # rank 0: a new run that failed before its first epoch
+                discard_unfinished(Path(cfg.output))  # leaves the output as unused as it found it
+            raise
         finally:
             self.lock.release()
 
@@ -163,6 +168,7 @@ class Trainer:
         """Carry out the agreed ``plan`` on every rank (its notes on rank 0): restore the checkpoint,
         and, when ``collective`` (not in an elastic sync, which broadcasts itself), broadcast it."""
         adapter, ctx = self.adapter, self.ctx
+        self.fresh_output = bool(plan.get("fresh"))
         for note in plan.get("notes", []):
             self.gate.warn(note)
         self.watchdog.beat(0, "restoring the checkpoint")

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -45,6 +46,27 @@ def run_files(output: Path) -> list[str]:
     for pattern in RUN_PATTERNS:
         found += sorted(p.name for p in output.glob(pattern))
     return found
+
+
+def discard_unfinished(output: Path) -> list[str]:
+    """After a fresh run (its output held no run when it started) failed before it finished an
+    epoch or wrote a checkpoint: remove what it wrote (``config.yaml``, event files, half-written
+    ``checkpoints/.tmp-*``), so that the next run is not refused as a reuse. Returns the names
+    removed; nothing when ``metrics.jsonl`` or a checkpoint exists (that run can be resumed)."""
+    output = Path(output)
+    checkpoints = output / CHECKPOINT_DIR
+    kept = checkpoints.is_dir() and any(not p.name.startswith(".tmp-") for p in checkpoints.iterdir())
+    if (output / "metrics.jsonl").exists() or kept:
+        return []
+    removed = []
+    for path in [output / "config.yaml", *output.glob("events.out.tfevents.*"),
+                 *(checkpoints.glob(".tmp-*") if checkpoints.is_dir() else [])]:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(str(path.relative_to(output)))
+    return removed
 
 
 def describe(names: list[str], most: int = 4) -> str:

@@ -117,7 +117,7 @@ def _plan(config: RunConfig, manager: CheckpointManager, output: Path) -> dict[s
             return {"error": f"output directory {output} already holds a run ({describe(used)}); pass --resume to "
                              f"continue that run or choose another --output (nothing was changed)"}
         manager.remove_temporaries()
-        return {"checkpoint": None}
+        return {"checkpoint": None, "fresh": True}  # a failure before the first epoch undoes its files
     notes: list[str] = []
     damaged: list[CheckpointInfo] = []
     latest = manager.latest(notes, damaged)

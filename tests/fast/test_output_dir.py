@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from numpy_adapter import NumpyAdapter
+from numpy_adapter import N_TRAIN, NumpyAdapter, register_toy_recipe
 from toyrun import Interrupt, StopAt, fit, snapshot_tree, without_timing
 
 from hvdtrain.core.loop import TrainingError
@@ -113,3 +113,13 @@ def test_the_lock_of_another_process_refuses_and_a_killed_holders_lock_does_not(
     assert (tmp_path / ".hvdtrain.lock").exists()  # left behind by the killed holder
     run = fit(tmp_path, "train.epochs=1")
     assert run.names() == ["epoch-0001"]
+
+
+def test_a_new_run_that_fails_before_its_first_epoch_leaves_the_output_unused(tmp_path):
+    """Otherwise its config.yaml (and event files) would make the corrected rerun a refused reuse."""
+    register_toy_recipe(nan_samples=range(N_TRAIN))  # the first step's gradient is NaN: the run stops
+    with pytest.raises(TrainingError, match="not finite"):
+        fit(tmp_path, "train.tensorboard=true")
+    assert [p.name for p in tmp_path.iterdir()] == []
+    register_toy_recipe()
+    assert fit(tmp_path, "train.epochs=1").names() == ["epoch-0001"]
