@@ -9,8 +9,13 @@ LR, BATCH, FEATURES, CLASSES = 0.5, 4, 8, 3
 
 
 def parse_args():
-    """``REPORT_PATH ACCUMULATION {fp32,fp16}`` from the command line."""
-    return sys.argv[1], int(sys.argv[2]), sys.argv[3] == "fp16"
+    """``REPORT_PATH CASE [CASE ...]`` from the command line, each case ``ACCUMULATION:{fp32,fp16}``
+    (one launch runs several cases in turn, each with a fresh adapter and model)."""
+    cases = []
+    for case in sys.argv[2:]:
+        accumulation, precision = case.split(":")
+        cases.append((case, int(accumulation), precision == "fp16"))
+    return sys.argv[1], cases
 
 
 def spread(vectors):
@@ -40,10 +45,15 @@ def train_on_rank_specific_data(adapter, rng, rank, steps=5):
         adapter.train_step(x, y, apply_update=True)
 
 
-def write_report(path, ctx, before, after, update, expected, final):
-    """Rank 0 writes what the test asserts on."""
-    if ctx.rank == 0:
+def report(ctx, before, after, update, expected, final):
+    """What the test asserts on, for one case."""
+    return {"world_size": ctx.size, "spread_before_broadcast": before, "spread_after_broadcast": after,
+            "grad_max_abs_error": float(np.abs(update - expected).max()),
+            "grad_max_abs": float(np.abs(expected).max()), "spread_after_steps": final}
+
+
+def write_report(path, rank, reports):
+    """Rank 0 writes every case's report, by case."""
+    if rank == 0:
         with open(path, "w") as f:
-            json.dump({"world_size": ctx.size, "spread_before_broadcast": before, "spread_after_broadcast": after,
-                       "grad_max_abs_error": float(np.abs(update - expected).max()),
-                       "grad_max_abs": float(np.abs(expected).max()), "spread_after_steps": final}, f)
+            json.dump(reports, f)
