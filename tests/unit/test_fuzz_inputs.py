@@ -49,7 +49,8 @@ scalars = st.one_of(
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
 keys = st.one_of(st.sampled_from(DOTTED), st.sampled_from(TOP), st.text(max_size=20),
-                 st.builds(lambda k, extra: k + extra, st.sampled_from(DOTTED), st.sampled_from([".x", "..", ".", "="])))
+                 st.builds(lambda k, extra: k + extra, st.sampled_from(DOTTED),
+                           st.sampled_from([".x", "..", ".", "="])))
 
 
 def _nested(pairs: list[tuple[str, object]]) -> dict:
