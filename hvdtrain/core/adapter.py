@@ -193,6 +193,15 @@ class FrameworkAdapter(ABC):
         """Every rank's picklable ``obj``, as a list indexed by rank, on every rank."""
         return self.collectives.allgather_object(obj)
 
+    def gather_object_to_root(self, obj: Any) -> list[Any] | None:
+        """Every rank's picklable ``obj``, indexed by rank, on rank 0; None elsewhere (no other rank
+        receives anything: the checkpoint's per-rank state)."""
+        return self.collectives.gather_object_to_root(obj)
+
+    def scatter_objects_from_root(self, items: list[Any] | None) -> Any:
+        """Rank 0's ``items[r]`` on each rank ``r`` (``items`` read on rank 0 only)."""
+        return self.collectives.scatter_objects_from_root(items)
+
     def allreduce_mean(self, values: dict[str, float], ctx: DistContext) -> dict[str, float]:
         """Average each value across ranks."""
         return {k: v / ctx.size for k, v in self.allreduce_sums(values).items()}

@@ -448,6 +448,7 @@ class GPipe:
                                              f"hvdtrain.pipe.gather.{s}", place.replica_set)
                 if place.rank == 0:
                     gathered.append(got)
+                del got  # the other stages drop it at once: at most their own state and one other
             self._gathered = gathered if place.rank == 0 else None
         # nobody leaves (a rank that exits shuts Horovod down) before rank 0 holds everything
         stage.allreduce_sum([0.0], "hvdtrain.pipe.gathered", place.world_set)

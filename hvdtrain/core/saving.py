@@ -4,8 +4,9 @@ A step checkpoint is due every ``checkpoint.every_steps`` optimizer steps, excep
 last micro-batch (the epoch checkpoint that follows covers it); an epoch checkpoint is written
 after every evaluation when ``checkpoint.enabled``. :meth:`CheckpointPolicy.save` is a sequence of
 collectives, so every rank calls it at the same step: the running statistics (BatchNorm) are
-averaged, every rank's RNG state, partial totals and gradient-exchange state are gathered, and
-rank 0 writes model, optimizer, ``rank_state.json`` and the manifest through the
+averaged, every rank's RNG state, partial totals and gradient-exchange state are gathered to rank 0
+(only rank 0 holds them all: :func:`~hvdtrain.core.compression_state.gather_to_root`), and rank 0
+writes model, optimizer, ``rank_state.json`` and the manifest through the
 :class:`~hvdtrain.core.checkpoint.CheckpointManager`, atomically.
 """
 
@@ -74,7 +75,7 @@ class CheckpointPolicy:
             adapter.sync_model_buffers()  # distributed: every rank's BatchNorm statistics -> their mean
         mine = {"rng": {**capture_rng(), "framework": adapter.rng_state()}, **totals}
         self.watchdog.beat(position.step, "waiting in collectives (checkpoint)")
-        rank_states = adapter.allgather_object(mine)  # distributed
+        rank_states = compression_state.gather_to_root(adapter, mine)  # distributed: rank 0 keeps them
         # -- the gradient exchange's per-rank state (error buffers, Q, local-SGD replicas) --
         comm_states = compression_state.gather(adapter)  # distributed
         adapter.gather_state()  # distributed: pipeline stages bring their state to rank 0

@@ -47,6 +47,12 @@ def offset_seed_states(states: list[Any], index: int) -> None:
         state.assign(state.value + tf.constant([SEED_STRIDE * index, 0], dtype=state.dtype))
 
 
+def _host_tensor(array: np.ndarray) -> Any:
+    """A NumPy array as a tensor in host memory (the checkpoint's per-rank state travels on the CPU)."""
+    with tf.device("/cpu:0"):
+        return tf.convert_to_tensor(array)
+
+
 def _as_tensor(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: tf.convert_to_tensor(v) for k, v in value.items()}
@@ -87,7 +93,8 @@ class TensorFlowAdapter(FrameworkAdapter):
             {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[train_config.mixed_precision])
         self.gpu = bool(tf.config.list_logical_devices("GPU"))
         self._collective_id = 0  # eager collectives get a new name per call, the same sequence on every rank
-        self.collectives = Collectives(hvd, lambda values: tf.constant(values, dtype=tf.float64), self._name)
+        self.collectives = Collectives(hvd, lambda values: tf.constant(values, dtype=tf.float64), self._name,
+                                       _host_tensor)
         self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
         return self.context()
 

@@ -75,7 +75,7 @@ class TorchAdapter(FrameworkAdapter):
             torch.backends.cudnn.allow_tf32 = True
         self.gpu = self.device.type == "cuda"
         self.collectives = Collectives(hvd, lambda values: torch.tensor(values, dtype=torch.float64),
-                                       lambda prefix: f"hvdtrain.{prefix}")
+                                       lambda prefix: f"hvdtrain.{prefix}", torch.from_numpy)
         self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
         return self.context()
 
