@@ -6,11 +6,12 @@
   replica-specific data each stage's parameters are bitwise identical on its replicas; a checkpoint
   the pipeline writes loads into the un-cut model and back into a pipeline;
 * the image recipe through the CLI: a pipelined run's checkpoint resumes a data-parallel run and
-  that run's checkpoint resumes a pipelined run;
+  that run's checkpoint resumes a pipelined run; comm.compression=fp16 reaches the stages' allreduce;
 * kill-and-resume at the same layout ends bitwise equal to an uninterrupted run;
 * in TensorFlow the replicas of a stage draw different dropout masks, and a checkpoint restores
   every replica's stream;
-* refused combinations stop before training and name the reason.
+* refused combinations stop before training and name the reason (those the config alone decides
+  before any worker starts).
 """
 
 import json
@@ -18,7 +19,7 @@ import json
 import numpy as np
 import pytest
 
-from jobs import REPO, checkpoint_weights, horovodrun, hvdtrain_cli, run_metrics as metrics
+from jobs import REPO, checkpoint_weights, horovodrun, hvdtrain_cli, run, run_metrics as metrics
 
 WORKERS = REPO / "tests" / "distributed" / "workers"
 PIPE = ["--set", "parallel.pipeline_stages=2", "--set", "parallel.micro_batches=2"]
@@ -53,7 +54,7 @@ def test_two_stages_two_replicas_equal_one_process(tmp_path, framework, clip):
 
 
 @pytest.mark.distributed
-def test_checkpoints_round_trip_between_pipelined_and_data_parallel_runs(tmp_path):
+def test_checkpoints_round_trip_between_pipelined_and_data_parallel_runs_and_fp16_reaches_the_stages(tmp_path):
     out = tmp_path / "run"
     first = horovodrun(recipe(out, "--epochs", "1", *PIPE), np=4)
     assert "hvdtrain: done" in first.stdout
@@ -63,6 +64,14 @@ def test_checkpoints_round_trip_between_pipelined_and_data_parallel_runs(tmp_pat
     assert pipelined.keys() == {"features.0.weight", "features.0.bias", "features.2.weight", "features.2.bias",
                                 "classifier.0.weight", "classifier.0.bias", "classifier.3.weight",
                                 "classifier.3.bias"}
+
+    # comm.compression=fp16 (and its alias train.fp16_allreduce) reaches the stages' allreduce: the
+    # same run ends with other weights than the uncompressed one (float16 rounding of every gradient)
+    fp16 = tmp_path / "fp16"
+    horovodrun(recipe(fp16, "--epochs", "1", *PIPE, "--set", "comm.compression=fp16"), np=4)
+    compressed = checkpoint_weights(fp16 / "checkpoints" / "epoch-0001", "torch")
+    assert [k for k in pipelined if not np.array_equal(pipelined[k], compressed[k])], \
+        "comm.compression=fp16 left the pipelined run bitwise unchanged: it was not applied"
 
     resumed = horovodrun(recipe(out, "--epochs", "2", "--resume"), np=2)  # data parallel, from the pipeline
     assert "resuming from" in resumed.stdout and "epoch-0001" in resumed.stdout
@@ -77,14 +86,15 @@ def test_checkpoints_round_trip_between_pipelined_and_data_parallel_runs(tmp_pat
 @pytest.mark.distributed
 def test_kill_and_resume_at_the_same_layout_is_bitwise_equal(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run = ["--epochs", "2", "--set", "checkpoint.every_steps=3", *PIPE]
+    # 256 samples / 2 replicas / batch 32 = 4 steps per epoch; the kill at step 7 (epoch 2) leaves step 6
+    run = ["--epochs", "2", "--set", "checkpoint.every_steps=3", "--set", "data.max_train_samples=256", *PIPE]
     horovodrun(recipe(straight, *run), np=4)
-    crash = horovodrun(recipe(killed, *run), np=4, check=False, env={"HVDTRAIN_FAULT": "kill:rank=3:step=11"})
+    crash = horovodrun(recipe(killed, *run), np=4, check=False, env={"HVDTRAIN_FAULT": "kill:rank=3:step=7"})
     assert crash.returncode != 0
     names = sorted(p.name for p in (killed / "checkpoints").iterdir())
-    assert "step-00000009" in names and "epoch-0002" not in names, names
+    assert "step-00000006" in names and "epoch-0002" not in names, names
     resumed = horovodrun(recipe(killed, *run, "--resume"), np=4)
-    assert "step-00000009" in resumed.stdout and "after" in resumed.stdout
+    assert "step-00000006" in resumed.stdout and "after" in resumed.stdout
     a, b = (checkpoint_weights(run / "checkpoints" / "epoch-0002", "torch") for run in (straight, killed))
     assert a.keys() == b.keys()
     for key in a:
@@ -94,41 +104,40 @@ def test_kill_and_resume_at_the_same_layout_is_bitwise_equal(tmp_path):
             assert row_a[key] == row_b[key], (key, row_a, row_b)
 
 
-REFUSED = [
-    (4, ["--set", "parallel.pipeline_stages=3"], "parallel.pipeline_stages=3 does not divide the world size 4"),
-    (4, ["--set", "parallel.pipeline_stages=4"], "the model has only 2 blocks, fewer than the 4 stages"),
-    (2, ["--set", "parallel.pipeline_stages=2", "--set", "train.elastic=true"], "train.elastic=true"),
-    (2, ["--set", "parallel.pipeline_stages=2", "--set", "train.grad_accumulation=2"],
-     "train.grad_accumulation=2 is not supported with pipeline stages"),
-    (4, ["--set", "parallel.pipeline_stages=2", "--set", "comm.compression=powersgd"],
+# what needs the job (its world size, the built model) is refused by every rank of a real job;
+# what the config alone decides is refused by the same CLI before any launcher or framework starts
+REFUSED_BY_THE_JOB = [
+    (["--set", "parallel.pipeline_stages=3"], "parallel.pipeline_stages=3 does not divide the world size 4"),
+    (["--set", "parallel.pipeline_stages=4"], "the model has only 2 blocks, fewer than the 4 stages"),
+    (["--set", "parallel.pipeline_stages=2", "--set", "comm.compression=powersgd"],
      "parallel.pipeline_stages=2 cannot be combined with comm.compression=powersgd"),
-    (4, ["--set", "parallel.pipeline_stages=2", "--set", "comm.local_sgd_steps=4"],
+]
+REFUSED_BY_THE_CONFIG = [
+    (["--set", "parallel.pipeline_stages=2", "--set", "train.elastic=true"], "train.elastic=true"),
+    (["--set", "parallel.pipeline_stages=2", "--set", "train.grad_accumulation=2"],
+     "train.grad_accumulation=2 is not supported with pipeline stages"),
+    (["--set", "parallel.pipeline_stages=2", "--set", "comm.local_sgd_steps=4"],
      "parallel.pipeline_stages=2 cannot be combined with comm.local_sgd_steps=4"),
 ]
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("np_,extra,reason", REFUSED, ids=["world-size", "too-few-blocks", "elastic", "accumulation",
-                                                           "powersgd", "local-sgd"])
-def test_refused_combinations_name_the_reason(tmp_path, np_, extra, reason):
-    out = tmp_path / "run"
-    proc = horovodrun(recipe(out, "--epochs", "1", *extra), np=np_, check=False, timeout=180)
+def assert_refused(proc, out, reason):
     assert proc.returncode != 0
     assert reason in proc.stdout + proc.stderr
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
 
 
 @pytest.mark.distributed
-def test_stages_send_fp16_gradients_when_asked(tmp_path):
-    """comm.compression=fp16 (and its alias train.fp16_allreduce) reaches the stages' allreduce: the
-    same run ends with other weights than the uncompressed one (float16 rounding of every gradient)."""
-    runs = {}
-    for name, extra in (("plain", []), ("fp16", ["--set", "comm.compression=fp16"])):
-        out = tmp_path / name
-        horovodrun(recipe(out, "--epochs", "1", "--set", "data.max_train_samples=256", *PIPE, *extra), np=4)
-        runs[name] = checkpoint_weights(out / "checkpoints" / "epoch-0001", "torch")
-    differ = [k for k in runs["plain"] if not np.array_equal(runs["plain"][k], runs["fp16"][k])]
-    assert differ, "comm.compression=fp16 left the pipelined run bitwise unchanged: it was not applied"
+@pytest.mark.parametrize("extra,reason", REFUSED_BY_THE_JOB, ids=["world-size", "too-few-blocks", "powersgd"])
+def test_refused_combinations_name_the_reason(tmp_path, extra, reason):
+    out = tmp_path / "run"
+    assert_refused(horovodrun(recipe(out, "--epochs", "1", *extra), np=4, check=False, timeout=180), out, reason)
+
+
+@pytest.mark.parametrize("extra,reason", REFUSED_BY_THE_CONFIG, ids=["elastic", "accumulation", "local-sgd"])
+def test_refused_before_any_worker_starts(tmp_path, extra, reason):
+    out = tmp_path / "run"
+    assert_refused(run(recipe(out, "--epochs", "1", *extra), check=False, timeout=180), out, reason)
 
 
 @pytest.mark.distributed
