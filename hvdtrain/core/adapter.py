@@ -106,6 +106,9 @@ class FrameworkAdapter(ABC):
     # and after_update(), hvdtrain.core.compression_state its state(), load_state() and reset().
     # None where an adapter exchanges gradients its own way (pipeline stages).
     exchange: Any = None
+    # The files load_state() always reads: a checkpoint folder without them is damaged (skipped when
+    # looking for the latest; hvdtrain.core.saving hands them to the CheckpointManager).
+    checkpoint_files: tuple[str, ...] = ()
 
     @abstractmethod
     def init(self, config: Any) -> DistContext:

@@ -157,6 +157,7 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.best_metric = best_metric
         self.best_mode = best_mode
+        self.required: tuple[str, ...] = ()  # files every checkpoint must hold (what the loader reads)
 
     def checkpoints(self, problems: list[str] | None = None,
                     malformed: list[CheckpointInfo] | None = None) -> list[CheckpointInfo]:
@@ -190,7 +191,7 @@ class CheckpointManager:
         if damaged is not None:
             damaged.extend(malformed)
         for info in reversed(found):
-            problem = self.verify(info.path, info.manifest)
+            problem = self.verify(info.path, info.manifest, self.required)
             if problem is None:
                 return info
             if problems is not None:
@@ -206,9 +207,10 @@ class CheckpointManager:
                 for info in damaged]
 
     @staticmethod
-    def verify(path: Path, manifest: dict[str, Any]) -> str | None:
-        """None if the manifest is well formed, lists every file of the folder, and each listed
-        file matches its SHA-256; else a one-line message naming the folder and the bad file."""
+    def verify(path: Path, manifest: dict[str, Any], required: tuple[str, ...] = ()) -> str | None:
+        """None if the manifest is well formed, lists every file of the folder and every name in
+        ``required`` (the files the loader reads), and each listed file matches its SHA-256; else a
+        one-line message naming the folder and the bad file."""
         problem = manifest_problem(manifest)
         if problem is not None:
             return f"checkpoint {path}: {problem}; skipped"
@@ -224,6 +226,9 @@ class CheckpointManager:
         if unlisted:
             return (f"checkpoint {path}: file {unlisted[0]} is not listed in its {MANIFEST} "
                     f"(every file of a checkpoint must be checksummed); skipped")
+        for name in required:
+            if name not in files:
+                return f"checkpoint {path}: file {name} is missing from the folder and its {MANIFEST}; skipped"
         for name, digest in files.items():
             if not (path / name).is_file():
                 return f"checkpoint {path}: file {name} is missing; skipped"
@@ -262,14 +267,15 @@ class CheckpointManager:
         return CheckpointInfo(path, manifest)
 
     @staticmethod
-    def open(path: str | Path) -> CheckpointInfo:
-        """The checkpoint at ``path``, verified; a missing, malformed or damaged one raises a
-        one-line :class:`CheckpointError` naming the folder (an explicit resume from it)."""
+    def open(path: str | Path, required: tuple[str, ...] = ()) -> CheckpointInfo:
+        """The checkpoint at ``path``, verified (holding every file in ``required``); a missing,
+        malformed or damaged one raises a one-line :class:`CheckpointError` naming the folder (an
+        explicit resume from it)."""
         path = Path(path)
         manifest = CheckpointManager.load_manifest(path)
         if manifest is None:
             raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (not a checkpoint folder)")
-        problem = CheckpointManager.verify(path, manifest)
+        problem = CheckpointManager.verify(path, manifest, required)
         if problem is not None:
             raise CheckpointError(problem.removesuffix("; skipped"))
         return CheckpointInfo(path, manifest)

@@ -43,6 +43,9 @@ class CheckpointPolicy:
 
     def __init__(self, config: RunConfig, manager: CheckpointManager, adapter: Any, watchdog: Any):
         self.config, self.manager, self.adapter, self.watchdog = config, manager, adapter, watchdog
+        # a checkpoint without the files this adapter's load_state reads is damaged, even if its
+        # manifest (which does not list them) verifies
+        manager.required = tuple(getattr(adapter, "checkpoint_files", ()))
 
     def due(self, step: int, applied: bool, last_in_epoch: bool) -> bool:
         """Whether a step checkpoint is due after this micro-batch (optimizer step ``step``)."""

@@ -72,6 +72,7 @@ class TensorFlowAdapter(FrameworkAdapter):
     the rest (learning rate, RNG, objects, sums) stays."""
 
     name = "tensorflow"
+    checkpoint_files = (MODEL_FILE, OPTIMIZER_FILE)  # what load_state reads, pipeline stages too
 
     def init(self, config: Any) -> DistContext:
         train_config = config.train

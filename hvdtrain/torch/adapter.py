@@ -54,6 +54,7 @@ class TorchAdapter(FrameworkAdapter):
     and hands it the steps and the model state; the rest (learning rate, RNG, objects, sums) stays."""
 
     name = "torch"
+    checkpoint_files = (MODEL_FILE, OPTIMIZER_FILE)  # what load_state reads, pipeline stages too
 
     def init(self, config: Any) -> DistContext:
         train_config = config.train

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from numpy_adapter import load_weights
+from numpy_adapter import NumpyAdapter, load_weights
 from toyrun import fit, without_timing
 
 pytestmark = pytest.mark.resume
@@ -26,6 +26,13 @@ def _edit_manifest(folder, edit) -> None:
     path.write_text(json.dumps(manifest))
 
 
+class DeclaringAdapter(NumpyAdapter):
+    """The NumPy adapter declaring the files its load_state reads, as the torch and TensorFlow
+    adapters do (``model.pt``/``optimizer.pt``, ``model_variables.npz``/``optimizer.npz``)."""
+
+    checkpoint_files = ("model.npz", "optimizer.npz")
+
+
 def _resumes_from_epoch_1_exactly(tmp_path, capsys, damage) -> str:
     """Train 2 epochs, ``damage(epoch-0002's folder)``, resume: epoch 2 is trained again from
     epoch-0001 and ends bitwise where an uninterrupted run does. Returns what the resume warned."""
@@ -33,7 +40,7 @@ def _resumes_from_epoch_1_exactly(tmp_path, capsys, damage) -> str:
     run = fit(tmp_path / "run", "train.epochs=2")
     damage(run.checkpoints / "epoch-0002")
     capsys.readouterr()
-    resumed = fit(tmp_path / "run", "train.epochs=2", "checkpoint.resume=true")
+    resumed = fit(tmp_path / "run", "train.epochs=2", "checkpoint.resume=true", adapter=DeclaringAdapter())
     err = capsys.readouterr().err
     assert len(resumed.adapter.applied_lrs) == 12  # only epoch 2 was trained, from epoch-0001
     assert without_timing(resumed.metrics()) == without_timing(reference.metrics())
@@ -74,6 +81,15 @@ def test_a_file_the_manifest_does_not_list_makes_the_checkpoint_damaged(tmp_path
 
     err = _resumes_from_epoch_1_exactly(tmp_path, capsys, damage)
     assert "epoch-0002" in err and "model.npz is not listed" in err
+
+
+def test_a_file_the_loader_reads_missing_from_folder_and_manifest_makes_the_checkpoint_damaged(tmp_path, capsys):
+    def damage(folder):  # model.npz gone, and gone from the list: the rest still verifies
+        _edit_manifest(folder, lambda m: m["files"].pop("model.npz"))
+        (folder / "model.npz").unlink()
+
+    err = _resumes_from_epoch_1_exactly(tmp_path, capsys, damage)
+    assert "epoch-0002" in err and "model.npz is missing" in err
 
 
 @pytest.mark.parametrize("edit", [
