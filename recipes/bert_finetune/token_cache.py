@@ -209,8 +209,13 @@ def build(entry: Path, record: dict, text, tokenizer, vocab_size: int) -> bool:
         if _usable_locked(entry):
             return False
         path = Path(record["file"]["path"])
+        for stale in entry.parent.glob(f"{entry.name}.tmp-*"):  # a killed builder's: builds hold this lock
+            shutil.rmtree(stale, ignore_errors=True)
+        if entry.exists():  # a folder without its manifest (files deleted by hand): never published whole
+            aside = entry.with_name(f"{entry.name}.damaged-{socket.gethostname()}-{os.getpid()}")
+            os.rename(entry, aside)
+            shutil.rmtree(aside, ignore_errors=True)
         tmp = entry.with_name(f"{entry.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
             started = time.time()

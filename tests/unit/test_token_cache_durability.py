@@ -56,3 +56,14 @@ def test_an_entry_whose_arrays_do_not_match_its_manifest_is_rebuilt_with_a_warni
     assert np.array_equal(again.ids, ids) and np.array_equal(again.offsets, offsets)
     assert np.array_equal(again.labels, labels)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()) == [entry.name]  # nothing left over
+
+
+def test_a_killed_builders_temporary_folder_is_removed_by_the_next_build(tmp_path):
+    _load(tmp_path)
+    entry, = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    stale = entry.with_name(f"{entry.name}.tmp-otherhost-12345")  # a builder killed mid-build
+    stale.mkdir()
+    (stale / "ids.bin").write_bytes(b"\0" * 4096)
+    (entry / "manifest.json").unlink()  # the entry must be built again
+    _load(tmp_path)
+    assert not stale.exists()
