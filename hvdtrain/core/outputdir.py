@@ -29,6 +29,7 @@ LOCK_FILE = ".hvdtrain.lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl")
 RUN_PATTERNS = ("metrics.jsonl.abandoned-*", "events.out.tfevents.*")
 CHECKPOINT_DIR = "checkpoints"
+UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # flock errors of file systems without locks
 
 
 def run_files(output: Path) -> list[str]:
@@ -82,6 +83,7 @@ class OutputLock:
         self.path = Path(output) / LOCK_FILE
         self.fd: int | None = None
         self.created = False
+        self.warning: str | None = None  # set when the file system cannot lock
 
     @property
     def held(self) -> bool:
@@ -98,6 +100,11 @@ class OutputLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
+                if exc.errno in UNSUPPORTED:  # a file system without locks: go on, unprotected, and say so
+                    self.fd, self.created = fd, not existed
+                    self.warning = (f"the file system of {self.path.parent} does not support locks ({exc.strerror}): "
+                                    f"a second run into it at the same time would not be detected")
+                    return None
                 os.close(fd)
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise

@@ -103,6 +103,8 @@ def plan_start(config: RunConfig, manager: CheckpointManager, output: Path, lock
         if busy:
             return {"error": busy}
         plan = _plan(config, manager, output)
+        if lock.warning and not plan.get("error"):
+            plan["notes"] = [lock.warning, *plan.get("notes", [])]
     except Exception as exc:  # every rank must hear about it, or the others hang in the broadcast
         plan = {"error": str(exc)}
     if plan.get("error"):
