@@ -314,6 +314,21 @@ def canonical_paths(paths: list[str]) -> list[str]:
     return ["_".join(word if n is None else f"{word}#{rank[word][n]}" for word, n in tokens) for tokens in tokenized]
 
 
+def check_paths(path: Path, saved: Any, variables: list[Any]) -> None:
+    """Refuse (ValueError naming the first difference, saved vs now) when the variable paths stored
+    in ``saved`` (an open :func:`_save_variables` file at ``path``) are not ``variables``' paths,
+    beyond Keras's automatic numbering (:func:`canonical_paths`). A file without paths passes."""
+    if "paths" not in saved.files:
+        return
+    saved_paths = [str(p) for p in saved["paths"]]
+    now_paths = [_variable_path(v) for v in variables]
+    for i, (was, now) in enumerate(zip(canonical_paths(saved_paths), canonical_paths(now_paths))):
+        if was != now:
+            raise ValueError(f"{path}: variable {i} was saved as {saved_paths[i]!r}, this model's is "
+                             f"{now_paths[i]!r}: the model or the library changed; refusing to load "
+                             f"the checkpoint by position (nothing was loaded)")
+
+
 def _load_variables(path: Path, variables: list[Any]) -> None:
     """Assign what :func:`_save_variables` wrote; a count, path or shape mismatch is a clear error
     (values are stored by position: a variable whose saved path differs from this model's, beyond
@@ -322,14 +337,7 @@ def _load_variables(path: Path, variables: list[Any]) -> None:
         names = sorted(n for n in saved.files if n != "paths")
         if len(names) != len(variables):
             raise ValueError(f"{path} holds {len(names)} variables, this model/optimizer has {len(variables)}")
-        if "paths" in saved.files:
-            saved_paths = [str(p) for p in saved["paths"]]
-            now_paths = [_variable_path(v) for v in variables]
-            for i, (was, now) in enumerate(zip(canonical_paths(saved_paths), canonical_paths(now_paths))):
-                if was != now:
-                    raise ValueError(f"{path}: variable {i} was saved as {saved_paths[i]!r}, this model's is "
-                                     f"{now_paths[i]!r}: the model or the library changed; refusing to load "
-                                     f"the checkpoint by position (nothing was loaded)")
+        check_paths(path, saved, variables)
         for name, variable in zip(names, variables):
             if tuple(saved[name].shape) != tuple(variable.shape):
                 raise ValueError(f"{path}: variable {getattr(variable, 'path', name)} has shape "

@@ -28,7 +28,7 @@ import tensorflow as tf
 from hvdtrain.core.gpipe import Cut, Placement
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.tensorflow.adapter import (MODEL_FILE, OPTIMIZER_FILE, _as_tensor, _load_variables, _save_variables,
-                                         offset_seed_states)
+                                         check_paths, offset_seed_states)
 from hvdtrain.tensorflow.compression import tf_variables
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -267,6 +267,7 @@ class TensorFlowStage:
             if len(names) != len(self.model.variables):
                 raise ValueError(f"{directory / MODEL_FILE} holds {len(names)} variables, this model has "
                                  f"{len(self.model.variables)}")
+            check_paths(directory / MODEL_FILE, saved, self.model.variables)  # not silently permuted
             model = {i: saved[n] for i, n in enumerate(names)}
         return {"model": model, "optimizer": {v.path: np.asarray(v.numpy()) for v in full.variables}, "groups": None}
 
