@@ -37,7 +37,7 @@ def test_a_slow_recipe_builder_such_as_a_cold_index_build_is_not_a_stall(tmp_pat
 
         @register_recipe(RECIPE, framework="torch", replace=True)
         def build(config, ctx):
-            time.sleep(3.0)  # a cold image-index build: no step, no beat
+            time.sleep(2.0)  # a cold image-index build: no step, no beat
             return toy(config, ctx)
 
         fit({str(tmp_path)!r}, "train.epochs=1", "train.stall_timeout_sec=1")
@@ -55,7 +55,7 @@ def test_rank_0_verifying_checkpoints_on_a_slow_disk_is_not_a_stall(tmp_path):
 
         def slow_disk(path):
             if "epoch-0001" in str(path):  # verifying the saved checkpoint (writes stay fast)
-                time.sleep(1.0)  # three payload files: 3 s of checksums, the timeout is 1 s
+                time.sleep(0.7)  # three payload files: 2 s of checksums, the timeout is 1 s
             return real(path)
 
         checkpoint.sha256_file = slow_disk
@@ -72,7 +72,7 @@ def test_a_phase_with_a_limit_that_overruns_is_a_stall_naming_the_phase():
         with watchdog.StallWatchdog(1.0, rank=3) as dog:
             dog.beat(7, "building the recipe's model and data")
             with watchdog.phase("building the image index", limit=1.0):
-                time.sleep(10)
+                time.sleep(5)
         print("not reached")
     """)
     assert proc.returncode == STALL_EXIT_CODE
