@@ -21,6 +21,7 @@ partial-epoch totals, so the run continues bitwise as if never stopped.
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,13 @@ def _get(config: dict[str, Any], dotted: str) -> Any:
     return config
 
 
+def _comparable(key: str, value: Any) -> Any:
+    """``value`` as resume compares it: ``data.path`` spelled another way (``imgs/``, ``./imgs``) is the same."""
+    if key == "data.path" and isinstance(value, str):
+        return os.path.normpath(os.path.expanduser(value))
+    return value
+
+
 def incompatibility(info: CheckpointInfo, config: RunConfig) -> str | None:
     """Why checkpoint ``info`` cannot be resumed by this config (another recipe, framework or
     state-defining key), or None if it can."""
@@ -83,14 +91,12 @@ def incompatibility(info: CheckpointInfo, config: RunConfig) -> str | None:
                     f"uses {getattr(config, key)!r} (nothing was changed)")
     saved, now = info.manifest.get("config", {}), to_dict(config)
     for key in STATE_DEFINING_KEYS:
-        before = _get(saved, key)
-        if before is _MISSING:  # a checkpoint from a version without that key: nothing to compare
-            continue
-        if before != _get(now, key):
-            why = " (its position in the data would skip or repeat samples)" if key in DATA_ORDER_KEYS else ""
-            return (f"cannot resume: checkpoint {info.path} was saved with {key}={before!r}, this run "
-                    f"has {key}={_get(now, key)!r}{why}; use the same {key} or another --output "
-                    f"(nothing was changed)")
+        before, after = _get(saved, key), _get(now, key)
+        if before is _MISSING or _comparable(key, before) == _comparable(key, after):
+            continue  # a checkpoint from a version without that key has nothing to compare
+        why = " (its position in the data would skip or repeat samples)" if key in DATA_ORDER_KEYS else ""
+        return (f"cannot resume: checkpoint {info.path} was saved with {key}={before!r}, this run "
+                f"has {key}={after!r}{why}; use the same {key} or another --output (nothing was changed)")
     return None
 
 
