@@ -192,6 +192,15 @@ def text_file(name: str, content: bytes, *args: str) -> Callable[[Path, Path], l
     return make
 
 
+def into(make: Callable[[Path, Path], list[str]], where: str) -> Callable[[Path, Path], list[str]]:
+    """``make``'s command with ``--output inp/where`` (an output inside the input tree)."""
+    def make_into(inp, out):
+        argv = make(inp, out)
+        argv[argv.index("--output") + 1] = str(inp / where)
+        return argv
+    return make_into
+
+
 TEXT_ROWS = b"text,label\n" + b"a fine film,pos\na dull film,neg\n" * 10
 
 
@@ -255,6 +264,8 @@ CASES = {
                                           ("d.tsv line 1", "is longer than")),
     "text: column missing": Case(text_file("d.jsonl", b'{"sentence": "a fine film", "label": "pos"}\n'),
                                  ("d.jsonl", "no column 'text'", "sentence")),
+    "bert: --output holding the --model folder (item 5)": Case(
+        into(text_file("d.csv", TEXT_ROWS), "."), ("is the model this run starts from", "choose another --output")),
     "text: not UTF-8": Case(text_file("d.csv", TEXT_ROWS + b"caf\xe9,pos\n"), ("d.csv line 22", "not UTF-8")),
     # the other commands
     "predict without an export": Case(lambda inp, out: ["predict", str(inp), "a fine film"],
