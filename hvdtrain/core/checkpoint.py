@@ -158,6 +158,7 @@ class CheckpointManager:
         self.best_metric = best_metric
         self.best_mode = best_mode
         self.required: tuple[str, ...] = ()  # files every checkpoint must hold (what the loader reads)
+        self.framework: str | None = None  # whose loader ``required`` describes
 
     def checkpoints(self, problems: list[str] | None = None,
                     malformed: list[CheckpointInfo] | None = None) -> list[CheckpointInfo]:
@@ -191,7 +192,7 @@ class CheckpointManager:
         if damaged is not None:
             damaged.extend(malformed)
         for info in reversed(found):
-            problem = self.verify(info.path, info.manifest, self.required)
+            problem = self.verify(info.path, info.manifest, self.required_for(info.manifest))
             if problem is None:
                 return info
             if problems is not None:
@@ -199,6 +200,12 @@ class CheckpointManager:
             if damaged is not None:
                 damaged.append(info)
         return None
+
+    def required_for(self, manifest: dict[str, Any]) -> tuple[str, ...]:
+        """The files this run's loader reads from the checkpoint of ``manifest``: none from another
+        framework's checkpoint (resume planning refuses that one naming both frameworks; it is not
+        damaged)."""
+        return self.required if manifest.get("framework", self.framework) == self.framework else ()
 
     def set_aside(self, damaged: list[CheckpointInfo]) -> list[str]:
         """:meth:`quarantine` each checkpoint :meth:`latest` found damaged, out of the way of the

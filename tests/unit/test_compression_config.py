@@ -104,13 +104,17 @@ class _FakeExchange:
 
 
 class _FakeAdapter:
-    """Two ranks seen from one: allgather returns rank 0's and rank 1's states."""
+    """Rank 0 of two, seen from one: the gather to rank 0 returns rank 0's and rank 1's states, the
+    scatter from rank 0 gives rank 0 its own."""
 
     def __init__(self, exchange):
         self.exchange = exchange
 
-    def allgather_object(self, obj):
+    def gather_object_to_root(self, obj):
         return [obj, {**_FakeExchange(1).state(), "format": obj["format"]}]
+
+    def scatter_objects_from_root(self, items):
+        return items[0]
 
     def broadcast_object(self, obj, root_rank=0):
         return obj
@@ -118,7 +122,7 @@ class _FakeAdapter:
     def context(self):
         from hvdtrain.core.adapter import DistContext
 
-        return DistContext()
+        return DistContext(rank=0, size=2)
 
 
 def test_exchange_state_round_trips_through_the_checkpoint_with_its_format(tmp_path, capsys):
