@@ -3,7 +3,7 @@
 * 2 ranks (`horovodrun --gloo`) on a 12,000-image MNIST subset reach >= 90% validation accuracy on
   1,000 held-out images in one epoch (seed 42), for torch and TensorFlow; `metrics.jsonl`,
   `config.yaml` and a checkpoint are written; a second run into the same output without
-  `--resume` is refused and changes nothing; `--resume` continues at epoch 2.
+  `--resume` is refused and changes nothing (resume itself: tests/reliability and tests/fast).
 * plain `mpirun -np 2` and a single process (no launcher) run the same command.
 """
 
@@ -30,7 +30,7 @@ def checkpoint_names(output):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_two_ranks_reach_accuracy_then_resume(tmp_path, framework):
+def test_two_ranks_reach_accuracy_and_a_used_output_is_refused(tmp_path, framework):
     out = tmp_path / "run"
     cmd = [hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--output", out, *SUBSET]
 
@@ -51,13 +51,6 @@ def test_two_ranks_reach_accuracy_then_resume(tmp_path, framework):
     assert refused.returncode != 0
     assert "--resume" in refused.stdout + refused.stderr
     assert (out / "metrics.jsonl").read_bytes() == before and checkpoint_names(out) == ["epoch-0001"]
-
-    resumed = horovodrun(cmd + ["--epochs", "2", "--resume"])
-    assert "at epoch 2" in resumed.stdout
-    rows = read_metrics(out)
-    assert [r["epoch"] for r in rows] == [1, 2]
-    assert rows[1]["val_accuracy"] >= 0.90
-    assert checkpoint_names(out) == ["epoch-0001", "epoch-0002"]
 
 
 @pytest.mark.distributed

@@ -91,11 +91,12 @@ def test_corrupted_checkpoint_is_named_and_the_previous_one_used(tmp_path):
     assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
+# the stop is the Trainer's, after either adapter's finite check (both frameworks detect a non-finite
+# gradient in test_nan_loss_can_skip_the_update; the policy in-process: tests/fast/test_nonfinite.py)
 @pytest.mark.distributed
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_nan_loss_stops_naming_the_step_and_saves_nothing(tmp_path, framework):
+def test_nan_loss_stops_naming_the_step_and_saves_nothing(tmp_path):
     out = tmp_path / "run"
-    proc = horovodrun(recipe(out, "--epochs", "1", framework=framework), check=False,
+    proc = horovodrun(recipe(out, "--epochs", "1"), check=False,
                       env={"HVDTRAIN_FAULT": "nan:rank=1:step=5"})
     assert proc.returncode != 0
     assert "not finite" in proc.stderr and "optimizer step 6" in proc.stderr
@@ -146,16 +147,3 @@ def test_resume_into_an_incompatible_run_is_refused_and_changes_nothing(tmp_path
     proc = run(recipe(out, "--epochs", "2", "--resume") + change, check=False)
     assert proc.returncode == 1 and "cannot resume" in proc.stderr and needle in proc.stderr, proc.stderr
     assert tree_digest(out) == before
-
-
-@pytest.mark.distributed
-def test_resume_with_another_world_size_reshards_and_says_so(tmp_path):
-    out = tmp_path / "run"
-    args = ["--epochs", "1", "--set", "checkpoint.every_steps=2"]
-    crashed = horovodrun(recipe(out, *args), check=False, env={"HVDTRAIN_FAULT": "raise:rank=0:step=5"})
-    assert crashed.returncode != 0 and "step-00000004" in checkpoint_names(out)
-    resumed = run(recipe(out, *args, "--resume"))  # one process now
-    assert "saved with 2 workers, now 1" in resumed.stdout and "after 128 samples" in resumed.stdout
-    assert "peak LR 0.05" in resumed.stdout  # 0.05 x 1 worker instead of 0.05 x 2
-    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    assert row["world_size"] == 1 and row["epoch"] == 1 and np.isfinite(row["val_loss"])

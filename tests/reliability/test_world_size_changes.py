@@ -4,7 +4,8 @@ killed workers and `--resume`, with step checkpoints, under real `horovodrun --g
 Progress is the position in the data, so the LR at each epoch end is the schedule's value for
 the samples seen at the world size of that moment (its peak scaled for that global batch), the
 run ends at the schedule's floor, the step count only grows, and every checkpoint written is
-still there, once, in training order."""
+still there, once, in training order. Each resume on another world size says so, naming the
+checkpoint and the position in the epoch."""
 
 import json
 import math
@@ -44,6 +45,9 @@ def test_grow_and_shrink_with_step_checkpoints(tmp_path):
         if kill_at:
             assert proc.returncode != 0, proc.stdout[-2000:]
         assert "already exists" not in proc.stdout + proc.stderr
+        if i == 1:  # the 1-worker leg was killed before step 44: step 40 is 128 samples into epoch 2
+            assert "step-00000040 at epoch 2, after 128 samples (saved with 1 workers, now 2: the rest of the " \
+                   "epoch is resharded" in proc.stdout, proc.stdout[-3000:]
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4]
