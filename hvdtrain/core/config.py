@@ -40,34 +40,46 @@ class Schema:
     foreign_moves: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
+RESUME_KINDS = ("state", "data")
+
+
 def _f(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
-       max: float | None = None, min_exclusive: bool = False) -> Any:
-    """A dataclass field with help text and validation metadata."""
-    meta = {"help": help, "choices": choices, "min": min, "max": max, "min_exclusive": min_exclusive}
+       max: float | None = None, min_exclusive: bool = False, resume: str | None = None) -> Any:
+    """A dataclass field with help text and validation metadata. ``resume``: a key whose change
+    makes a checkpoint unusable, so ``--resume`` refuses it naming the key: ``"state"`` (the saved
+    model or optimizer state means something else) or ``"data"`` (the samples or their order
+    change, so the saved position would skip or repeat samples); see :func:`resume_keys`."""
+    if resume not in (None, *RESUME_KINDS):
+        raise ValueError(f"resume={resume!r}: choose one of {RESUME_KINDS} or None")
+    meta = {"help": help, "choices": choices, "min": min, "max": max, "min_exclusive": min_exclusive,
+            "resume": resume}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
 def option(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
-           max: float | None = None, min_exclusive: bool = False) -> Any:
+           max: float | None = None, min_exclusive: bool = False, resume: str | None = None) -> Any:
     """A config field for a recipe's own section, declared exactly like the core's: a default, its
     help text and, optionally, allowed ``choices`` or a ``min``/``max`` range (checked by
-    :func:`validate` in the same pass as the core's)."""
-    return _f(default, help, choices=choices, min=min, max=max, min_exclusive=min_exclusive)
+    :func:`validate` in the same pass as the core's), and ``resume="state"|"data"`` for a key that
+    ``--resume`` must not see changed (see :func:`_f`)."""
+    return _f(default, help, choices=choices, min=min, max=max, min_exclusive=min_exclusive, resume=resume)
 
 
 @dataclass
 class DataConfig:
     """Where the data comes from and how much of it is used."""
 
-    path: str | None = _f(None, "dataset root (recipe-specific); None uses the recipe's embedded default")
-    max_train_samples: int | None = _f(None, "cap on training samples (quick runs)", min=1)
+    path: str | None = _f(None, "dataset root (recipe-specific); None uses the recipe's embedded default",
+                          resume="data")
+    max_train_samples: int | None = _f(None, "cap on training samples (quick runs)", min=1, resume="data")
     max_val_samples: int | None = _f(None, "cap on validation samples (quick runs)", min=1)
     remainder: str = _f("pad", "what to do when the training set does not divide by the world size: "
                         "'pad' repeats the first samples of the shuffled order, 'drop' leaves the last ones out",
-                        choices=("pad", "drop"))
-    shuffle: bool = _f(True, "reshuffle the training order every epoch (deterministic from seed and epoch)")
+                        choices=("pad", "drop"), resume="data")
+    shuffle: bool = _f(True, "reshuffle the training order every epoch (deterministic from seed and epoch)",
+                       resume="data")
     prefetch_batches: int = _f(2, "batches prepared ahead of time by a background thread", min=0)
 
 
@@ -76,15 +88,16 @@ class ModelConfig:
     """Which model the recipe builds."""
 
     name: str = _f("small_cnn", "model architecture (recipe-specific; image-classification: "
-                   "small_cnn, resnet18, resnet50; bert-finetune: a Hugging Face model directory or hub name)")
-    num_classes: int | None = _f(None, "number of classes; None infers it from the data", min=2)
+                   "small_cnn, resnet18, resnet50; bert-finetune: a Hugging Face model directory or hub name)",
+                   resume="state")
+    num_classes: int | None = _f(None, "number of classes; None infers it from the data", min=2, resume="state")
 
 
 @dataclass
 class OptimConfig:
     """Optimizer and learning-rate schedule."""
 
-    name: str = _f("sgd", "optimizer", choices=("sgd", "adam", "adamw"))
+    name: str = _f("sgd", "optimizer", choices=("sgd", "adam", "adamw"), resume="state")
     lr: float = _f(0.01, "base learning rate for one worker before scaling by world size", min=0.0,
                    min_exclusive=True)
     momentum: float = _f(0.9, "SGD momentum", min=0.0, max=1.0)
@@ -106,10 +119,11 @@ class TrainConfig:
     """The training loop and its distributed options."""
 
     epochs: int = _f(1, "number of epochs", min=1)
-    batch_size: int = _f(64, "batch size per worker (the global batch is batch_size * world size)", min=1)
-    seed: int = _f(42, "seed for model init, shuffling and augmentation", min=0)
+    batch_size: int = _f(64, "batch size per worker (the global batch is batch_size * world size)", min=1,
+                         resume="state")
+    seed: int = _f(42, "seed for model init, shuffling and augmentation", min=0, resume="data")
     grad_accumulation: int = _f(1, "micro-batches whose gradients are summed before one allreduce and "
-                                "update (Horovod's backward_passes_per_step)", min=1)
+                                "update (Horovod's backward_passes_per_step)", min=1, resume="state")
     fp16_allreduce: bool = _f(False, "older spelling of comm.compression=fp16 (kept as an alias): gradients travel "
                               "as float16; with comm.compression=powersgd or topk, their factors or values do")
     mixed_precision: str = _f("none", "autocast compute precision", choices=("none", "bf16", "fp16"))
@@ -262,6 +276,20 @@ class RunConfig:
 
 def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def resume_keys(config: Any) -> list[tuple[str, str]]:
+    """``(dotted key, kind)`` of every field declared with ``resume=`` (:func:`_f`), the core's
+    sections first, then the recipe's own (``config.sections``): what ``--resume`` compares."""
+    found = []
+    sections = [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config) if f.name != "sections"]
+    sections += list((getattr(config, "sections", None) or {}).items())
+    for name, section in sections:
+        if not dataclasses.is_dataclass(section):
+            continue
+        found += [(f"{name}.{f.name}", f.metadata["resume"]) for f in dataclasses.fields(section)
+                  if f.metadata.get("resume")]
+    return found
 
 
 def _field_types(cls: type) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 (:class:`~hvdtrain.core.outputdir.OutputLock`: one run at a time), refuses a directory an earlier
 run used unless this run resumes, asks
 :meth:`~hvdtrain.core.checkpoint.CheckpointManager.latest` for the newest verified checkpoint,
-refuses one saved with another state-defining setting (:data:`STATE_DEFINING_KEYS`: nothing is
+refuses one saved with another state-defining setting (a config field declared with
+``resume=``: :func:`hvdtrain.core.config.resume_keys`; nothing is
 changed then), reads the metrics history up to it (a torn last line is dropped with a warning)
 and only after that moves newer damaged checkpoints aside. The plan is a plain dict, the decision
 :func:`agree` broadcasts to every rank so that all ranks start at the same point or all stop with
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager, atomic_write_text
-from hvdtrain.core.config import RunConfig, to_dict
+from hvdtrain.core.config import RunConfig, resume_keys, to_dict
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.outputdir import OutputLock, describe, run_files
 
@@ -39,10 +40,6 @@ RANK_STATE_FILE = "rank_state.json"
 # Config keys that decide the shape of the saved state or the meaning of its position (the epoch's
 # batches, the accumulation windows, which samples the epoch's order holds and in which order):
 # resuming across a change is refused.
-STATE_DEFINING_KEYS = ("model", "optim.name", "train.batch_size", "train.grad_accumulation",
-                       "train.seed", "data.shuffle", "data.remainder", "data.max_train_samples", "data.path")
-# ... of which these decide the samples and their order: the saved position means other samples.
-DATA_ORDER_KEYS = ("train.seed", "data.shuffle", "data.remainder", "data.max_train_samples", "data.path")
 _MISSING = object()
 
 
@@ -76,8 +73,9 @@ def _get(config: dict[str, Any], dotted: str) -> Any:
 
 
 def _comparable(key: str, value: Any) -> Any:
-    """``value`` as resume compares it: ``data.path`` spelled another way (``imgs/``, ``./imgs``) is the same."""
-    if key == "data.path" and isinstance(value, str):
+    """``value`` as resume compares it: a path (``data.path``, ``text.val_path``) spelled another way
+    (``imgs/``, ``./imgs``) is the same."""
+    if key.endswith("path") and isinstance(value, str):
         return os.path.normpath(os.path.expanduser(value))
     return value
 
@@ -90,11 +88,11 @@ def incompatibility(info: CheckpointInfo, config: RunConfig) -> str | None:
             return (f"cannot resume: checkpoint {info.path} is from {key} {info.manifest.get(key)!r}, this run "
                     f"uses {getattr(config, key)!r} (nothing was changed)")
     saved, now = info.manifest.get("config", {}), to_dict(config)
-    for key in STATE_DEFINING_KEYS:
+    for key, kind in resume_keys(config):
         before, after = _get(saved, key), _get(now, key)
         if before is _MISSING or _comparable(key, before) == _comparable(key, after):
             continue  # a checkpoint from a version without that key has nothing to compare
-        why = " (its position in the data would skip or repeat samples)" if key in DATA_ORDER_KEYS else ""
+        why = " (its position in the data would skip or repeat samples)" if kind == "data" else ""
         return (f"cannot resume: checkpoint {info.path} was saved with {key}={before!r}, this run "
                 f"has {key}={after!r}{why}; use the same {key} or another --output (nothing was changed)")
     return None

@@ -138,7 +138,7 @@ def test_unwritable_output_is_an_error_before_training(tmp_path):
 # tests/fast/test_resume_planning.py::test_resume_across_a_state_defining_change_is_refused_naming_the_key
 @pytest.mark.parametrize("change,needle", [
     (["--framework", "tensorflow"], "framework 'torch'"),
-    (["--set", "model.name=resnet18"], "model="),
+    (["--set", "model.name=resnet18"], "model.name="),
 ])
 def test_resume_into_an_incompatible_run_is_refused_and_changes_nothing(tmp_path, change, needle):
     out = tmp_path / "run"

@@ -25,6 +25,7 @@ class AudioConfig:
     sample_rate: int = hvdtrain.option(16000, "samples per second", min=8000, max=48000)
     window: str = hvdtrain.option("hann", "analysis window", choices=("hann", "hamming"))
     labels: str | None = hvdtrain.option(None, "labels file")
+    clip_seconds: float = hvdtrain.option(5.0, "length of each training clip", min=0.1, resume="data")
 
 
 @pytest.fixture
@@ -131,3 +132,21 @@ def test_cli_lists_a_user_recipes_keys(tmp_path):
     assert "* toy.width = 9" in out.stdout, out.stderr
     bad = subprocess.run(cmd + ["--set", "toy.width=0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "toy.width: 0 is out of range" in bad.stderr
+
+
+def test_a_recipe_key_declared_resume_data_is_refused_on_resume_naming_it(recipe, tmp_path):
+    """``option(..., resume="data")`` puts a recipe's own key beside the core's data-order keys:
+    ``--resume`` with another value is refused naming it (the saved position would mean other
+    samples); keys without it may change."""
+    from hvdtrain.core.checkpoint import CheckpointInfo
+    from hvdtrain.core.config import resume_keys
+    from hvdtrain.core.resume import incompatibility
+
+    saved = load_config(recipe.defaults, recipe=NAME, framework="torch")
+    assert ("audio.clip_seconds", "data") in resume_keys(saved) and ("train.seed", "data") in resume_keys(saved)
+    info = CheckpointInfo(tmp_path / "epoch-0001", {"recipe": NAME, "framework": "torch", "config": to_dict(saved)})
+    assert incompatibility(info, load_config(recipe.defaults, overrides=["audio.sample_rate=22050"], recipe=NAME,
+                                             framework="torch")) is None
+    why = incompatibility(info, load_config(recipe.defaults, overrides=["audio.clip_seconds=2.5"], recipe=NAME,
+                                            framework="torch"))
+    assert why and "audio.clip_seconds=5.0" in why and "audio.clip_seconds=2.5" in why and "skip or repeat" in why
