@@ -44,7 +44,7 @@ import numpy as np
 from hvdtrain.core.checkpoint import atomic_write_text
 from recipes.bert_finetune import text_data, tokenized
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: rows with more fields than the header are bad rows (format 1 caches may hold them)
 CHUNK_ROWS = 8192
 HASH_BYTES = 1 << 20
 MANIFEST = "manifest.json"
