@@ -15,8 +15,8 @@ when they were defined in the notebook or in a recipe file), so recipes register
 run too. An exception in a worker stops every worker and is raised here as :class:`WorkerError`
 carrying that worker's traceback.
 
-Network: the job and the workers' results travel through a :class:`_Channel` of this process,
-bound to the address the workers reach it at (loopback for a job on this machine) and
+Network: the job and the workers' results travel through a :class:`~hvdtrain.jobchannel.Channel`
+of this process, bound to the address the workers reach it at (loopback for a job on this machine) and
 authenticated with a random per-job key (HMAC); results and failure reports are JSON data. Not
 through Horovod's function mode (``horovod.runner.run(func)``), whose unauthenticated key-value
 store on every interface would let any host that reaches it run code here or on the workers.
@@ -26,8 +26,6 @@ the job runs: README, "Python API and notebooks".
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import secrets
@@ -40,11 +38,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from hvdtrain import jobchannel
 from hvdtrain.core.config import RunConfig, to_dict
-from hvdtrain.core.resolve import load_config
 from hvdtrain.core.loop import RunResult, train
 from hvdtrain.core.plugins import resolve_recipe_name
 from hvdtrain.core.registry import RecipeSpec, get_recipe, register_spec
+from hvdtrain.core.resolve import load_config
+
 
 class WorkerError(RuntimeError):
     """A worker of :func:`run` failed. ``rank``, ``exc_type``, ``message`` and ``worker_traceback``
@@ -135,7 +135,8 @@ def _check_hosts(hosts: str, ssh_port: int | None, ssh_identity_file: str | None
 def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_timeout: int | None,
             verbose: bool, network_interfaces: list[str] | None = None, **ssh: Any) -> RunResult:
     """Horovod's launcher over Gloo running :func:`_task_main` on every worker, which fetches the job
-    from, and sends its result or failure to, this process's authenticated :class:`_Channel`.
+    from, and sends its result or failure to, this process's authenticated
+    :class:`~hvdtrain.jobchannel.Channel`.
 
     Not Horovod's function mode (``horovod.runner.run(func)``): that mode serves the pickled function
     and reads the pickled results through an unauthenticated key-value store on every interface of
@@ -150,7 +151,8 @@ def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_time
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as the CLI: no TensorFlow start-up chatter
     key = secrets.token_bytes(32)
-    channel = _Channel(_channel_address(hosts, network_interfaces), key, cloudpickle.dumps((config, spec)))
+    channel = jobchannel.Channel(jobchannel.channel_address(hosts, network_interfaces), key,
+                                 cloudpickle.dumps((config, spec)))
     args = _HorovodArgs()
     args.num_proc, args.hosts, args.use_gloo, args.start_timeout = np, hosts, True, start_timeout
     args.verbose = 2 if verbose else None
@@ -172,162 +174,12 @@ def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_time
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         channel.close()
-    result = channel.result()
-    if result is None:
+    data = channel.result()
+    if data is None:
         raise WorkerError("the Horovod job finished but rank 0's result did not reach the caller "
                           "(the workers' output above says why)")
-    return result
-
-
-def _channel_address(hosts: str, network_interfaces: list[str] | None) -> str:
-    """The address the job's channel listens on: the one the workers reach this machine at, never
-    every interface. Loopback when every host is local; else the IPv4 address of the first of
-    ``network_interfaces``, or the address this machine routes to the remote hosts from."""
-    from hvdtrain.tools.hosts import is_local, parse_hosts
-
-    remote = [name.rsplit("@", 1)[-1] for name, _ in parse_hosts(hosts) if not is_local(name)]
-    if not remote:
-        return "127.0.0.1"
-    if network_interfaces:
-        import psutil
-
-        found = psutil.net_if_addrs()
-        for nic in network_interfaces:
-            for address in found.get(nic, []):
-                if address.family == socket.AF_INET:
-                    return address.address
-        raise ValueError(f"network_interfaces={','.join(network_interfaces)!r}: no IPv4 address on this machine "
-                         f"(interfaces here: {', '.join(sorted(found))})")
-    sources = []
-    for host in dict.fromkeys(remote):
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((host, 9))  # no packet is sent: this only picks the route
-                sources.append(probe.getsockname()[0])
-        except OSError as e:
-            from hvdtrain.tools.hosts import HostError
-
-            raise HostError(f"host {host}: no IPv4 route from this machine to it ({e})") from None
-    # a host that is this machine may route over loopback; the others need the outward address
-    return next((source for source in sources if not source.startswith("127.")), sources[0])
-
-
-def _digest(key: bytes, *parts: bytes) -> str:
-    return hmac.new(key, b"\n".join(parts), hashlib.sha256).hexdigest()
-
-
-class _Channel:
-    """An HTTP endpoint on one address, for one job: workers ``GET /job`` (the pickled config and
-    recipe) and ``PUT /result/RANK`` or ``PUT /failure/RANK`` (JSON). Every request carries an
-    HMAC-SHA256 of method, path and body under the job's random key (else 403, nothing stored),
-    the job's answer one the worker checks before unpickling it; what workers send is parsed as
-    JSON data, never unpickled. Authenticated, not encrypted: a host on the path can read the job."""
-
-    MAX_BODY = 16 << 20
-
-    def __init__(self, address: str, key: bytes, job: bytes):
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self._key, self._job, self._lock = key, job, threading.Lock()
-        self._reports: dict[int, dict[str, Any]] = {}
-        self._results: dict[int, dict[str, Any]] = {}
-        channel = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self._answer(b"")
-
-            def do_PUT(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if not 0 <= length <= channel.MAX_BODY:
-                    self._send(413)
-                    return
-                self._answer(self.rfile.read(length))
-
-            def _answer(self, body: bytes) -> None:
-                given = self.headers.get(AUTH_HEADER, "")
-                wanted = _digest(channel._key, self.command.encode(), self.path.encode(), body)
-                if not hmac.compare_digest(given, wanted):
-                    self._send(403)
-                    return
-                self._send(*channel._handle(self.command, self.path, body))
-
-            def _send(self, status: int, body: bytes = b"") -> None:
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                if body:
-                    self.send_header(AUTH_HEADER, _digest(channel._key, b"answer", self.path.encode(), body))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer((address, 0), Handler)
-        self._server.daemon_threads = True
-        self.address, self.port = address, self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, daemon=True, name="hvdtrain-channel").start()
-
-    def _handle(self, method: str, path: str, body: bytes) -> tuple[int] | tuple[int, bytes]:
-        if method == "GET" and path == "/job":
-            return 200, self._job
-        kind, _, rank = path.strip("/").partition("/")
-        if method != "PUT" or kind not in ("result", "failure") or not rank.isdigit():
-            return (404,)
-        try:
-            data = json.loads(body)
-            _check_fields(data, RESULT_FIELDS if kind == "result" else REPORT_FIELDS)
-        except ValueError:
-            return (400,)
-        with self._lock:
-            (self._results if kind == "result" else self._reports)[int(rank)] = data
-        return (200,)
-
-    def reports(self) -> list[dict[str, Any]]:
-        """The workers' failure reports received so far."""
-        with self._lock:
-            return list(self._reports.values())
-
-    def result(self) -> RunResult | None:
-        """Rank 0's result, if it arrived."""
-        with self._lock:
-            data = self._results.get(0)
-        if data is None:
-            return None
-        return RunResult(Path(data["output"]), data["history"],
-                         Path(data["checkpoint"]) if data["checkpoint"] else None, data["world_size"])
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-AUTH_HEADER = "X-Hvdtrain-Auth"
-REPORT_FIELDS = {"rank": int, "size": int, "host": str, "time": (int, float), "type": str, "module": str,
-                 "message": str, "traceback": str}
-RESULT_FIELDS = {"output": str, "history": list, "checkpoint": (str, type(None)), "world_size": int}
-
-
-def _check_fields(data: Any, fields: dict[str, Any]) -> None:
-    """ValueError unless ``data`` is a JSON object with exactly these fields of these types."""
-    if not isinstance(data, dict) or set(data) != set(fields) or \
-            not all(isinstance(data[k], t) and not isinstance(data[k], bool) for k, t in fields.items()):
-        raise ValueError("not a report")
-
-
-def _request(address: str, port: int, key: bytes, method: str, path: str, body: bytes = b"") -> bytes:
-    """One authenticated request to the caller's channel; a GET's answer is checked against the key."""
-    import urllib.request
-
-    request = urllib.request.Request(f"http://{address}:{port}{path}", data=body if method == "PUT" else None,
-                                     method=method, headers={AUTH_HEADER: _digest(key, method.encode(),
-                                                                                  path.encode(), body)})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        answer = response.read()
-        if method == "GET" and not hmac.compare_digest(response.headers.get(AUTH_HEADER, ""),
-                                                       _digest(key, b"answer", path.encode(), answer)):
-            raise RuntimeError(f"the answer from {address}:{port} is not signed with this job's key")
-    return answer
+    return RunResult(Path(data["output"]), data["history"],
+                     Path(data["checkpoint"]) if data["checkpoint"] else None, data["world_size"])
 
 
 def _task_main() -> None:
@@ -336,12 +188,12 @@ def _task_main() -> None:
     import cloudpickle
 
     address, port, key = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
-    config, spec = cloudpickle.loads(_request(address, port, key, "GET", "/job"))  # checked: signed by the caller
+    config, spec = cloudpickle.loads(jobchannel.request(address, port, key, "GET", "/job"))  # checked: signed by the caller
     result = _worker(config, spec, (address, port, key))
     if result is not None:
         body = {"output": str(result.output), "history": result.history, "world_size": result.world_size,
                 "checkpoint": str(result.checkpoint) if result.checkpoint else None}
-        _request(address, port, key, "PUT", "/result/0", json.dumps(body, default=_plain).encode())
+        jobchannel.request(address, port, key, "PUT", "/result/0", json.dumps(body, default=_plain).encode())
 
 
 def _plain(value: Any) -> Any:
@@ -368,7 +220,7 @@ def _send_report(rank: int, exc: BaseException, channel: tuple[str, int, bytes])
               "time": time.time(), "type": type(exc).__name__, "module": type(exc).__module__,
               "message": str(exc), "traceback": "".join(traceback.format_exception(exc))}
     try:
-        _request(*channel, "PUT", f"/failure/{rank}", json.dumps(report).encode())
+        jobchannel.request(*channel, "PUT", f"/failure/{rank}", json.dumps(report).encode())
     except Exception as send_error:  # the traceback still reaches the caller through stderr
         print(f"hvdtrain: could not send the failure report to the caller: {send_error}", file=sys.stderr)
 
