@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hvdtrain.core import faults
+from hvdtrain.core.durable import atomic_write_text, fsync_path
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -90,26 +91,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, fsync, and rename."""
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_path(path.parent)
 
 
 def _is_count(value: Any) -> bool:
@@ -303,14 +284,14 @@ class CheckpointManager:
             files = {}
             for child in sorted(tmp.iterdir()):
                 if child.is_file():
-                    _fsync_path(child)
+                    fsync_path(child)
                     files[child.name] = sha256_file(child)
             manifest = {**manifest, "format_version": FORMAT_VERSION, "files": files}
             atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
-            _fsync_path(tmp)
+            fsync_path(tmp)
             faults.crash_before_publish(int(manifest["step"]))
             os.rename(tmp, final)
-            _fsync_path(self.directory)
+            fsync_path(self.directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

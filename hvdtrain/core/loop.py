@@ -32,7 +32,8 @@ import numpy as np
 from hvdtrain.core import compression_state, dataset_check, elastic, resume, rules, sharding
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
-from hvdtrain.core.checkpoint import CheckpointManager, atomic_write_text
+from hvdtrain.core.checkpoint import CheckpointManager
+from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.config import RunConfig, dump_yaml
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.outputdir import OutputLock, discard_unfinished

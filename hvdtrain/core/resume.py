@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager, atomic_write_text
+from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager
+from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.config import RunConfig, resume_keys, to_dict
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.outputdir import OutputLock, describe, run_files

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdtrain.core.durable import atomic_write_text, fsync_path
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 INDEX_VERSION = 2
 SAMPLE = 32  # image headers read per split, spread evenly over the index
@@ -200,30 +202,11 @@ def _sample_headers(split_dir: Path, names: list[bytes]) -> list[tuple[int, int,
     return sample
 
 
-def _fsync(path: Path, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_npy(path: Path, array: np.ndarray) -> None:
     with open(path, "wb") as f:
         np.save(f, array)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _publish_text(path: Path, text: str) -> None:
-    """Write ``path`` atomically and durably (temporary file, fsync, rename, fsync of the folder)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(path.parent, directory=True)
 
 
 def _build(split_dir: Path, labels_file: Path | None, classes: list[str] | None, slot: Path, key: str) -> str:
@@ -259,13 +242,13 @@ def _build(split_dir: Path, labels_file: Path | None, classes: list[str] | None,
             f.write(json.dumps(meta))
             f.flush()
             os.fsync(f.fileno())
-        _fsync(tmp, directory=True)
+        fsync_path(tmp)
         try:
             os.rename(tmp, entry)
         except OSError:  # published meanwhile by a builder on another host (a shared cache folder)
             shutil.rmtree(tmp, ignore_errors=True)
-        _fsync(slot, directory=True)
-    _publish_text(slot / POINTER, json.dumps({"key": key, "entry": name}))
+        fsync_path(slot)
+    atomic_write_text(slot / POINTER, json.dumps({"key": key, "entry": name}))
     _prune(slot, keep=name)
     return name
 

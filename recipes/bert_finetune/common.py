@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hvdtrain.core.checkpoint import atomic_write_text
+from hvdtrain.core.durable import atomic_write_text
 from recipes.bert_finetune import pretrained, text_data, text_sources, tokenized
 
 LABELS_FILE = "labels.json"

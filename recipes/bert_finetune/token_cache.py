@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvdtrain.core.checkpoint import atomic_write_text
+from hvdtrain.core.durable import atomic_write_text, fsync_path
 from recipes.bert_finetune import text_data, tokenized
 
 FORMAT_VERSION = 2  # 2: rows with more fields than the header are bad rows (format 1 caches may hold them)
@@ -236,18 +236,10 @@ def build(entry: Path, record: dict, text, tokenizer, vocab_size: int) -> bool:
                         "built_by": f"{socket.gethostname()}:{os.getpid()}"}
             atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")  # fsyncs it and tmp
             os.rename(tmp, entry)  # atomic: readers see the whole entry or none
-            _fsync_dir(entry.parent)
+            fsync_path(entry.parent)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return True
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def entry_problem(entry: Path) -> str | None:
