@@ -18,6 +18,12 @@ def parse_args():
     return sys.argv[1], cases
 
 
+def case_overrides(accumulation, fp16):
+    """The config keys of one case (plain SGD without momentum, so an update reads off the gradient)."""
+    return [f"train.grad_accumulation={accumulation}", f"comm.compression={'fp16' if fp16 else 'none'}",
+            "optim.momentum=0.0"]
+
+
 def spread(vectors):
     """Largest absolute difference between any rank's vector and rank 0's."""
     return float(max(np.abs(v - vectors[0]).max() for v in vectors))
@@ -57,3 +63,12 @@ def write_report(path, rank, reports):
     if rank == 0:
         with open(path, "w") as f:
             json.dump(reports, f)
+
+
+def run_cases(out_path, cases, run_case):
+    """Run each ``(name, accumulation, fp16)`` case with ``run_case`` (-> rank, report) and write
+    the reports by case (rank 0)."""
+    reports, rank = {}, 0
+    for name, accumulation, fp16 in cases:
+        rank, reports[name] = run_case(accumulation, fp16)
+    write_report(out_path, rank, reports)

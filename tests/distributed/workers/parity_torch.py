@@ -10,8 +10,8 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
-from parity_common import (CLASSES, FEATURES, LR, global_batch, micro_batches, parse_args, report,
-                           spread, train_on_rank_specific_data, write_report)
+from parity_common import (CLASSES, FEATURES, LR, case_overrides, global_batch, micro_batches, parse_args, report,
+                           run_cases, spread, train_on_rank_specific_data)
 
 from hvdtrain import ArrayDataset, TrainTask, load_config
 from hvdtrain.torch import TorchAdapter
@@ -36,9 +36,7 @@ def run_case(accumulation, fp16):
     dummy = ArrayDataset(np.zeros((2, FEATURES), np.float32), np.zeros(2, np.int64))
     task = TrainTask(model, torch.optim.SGD(model.parameters(), lr=LR), F.cross_entropy, dummy, dummy,
                      metric_sums=lambda out, y: {"correct": (out.argmax(1) == y).sum()})
-    adapter.prepare(task, load_config(overrides=[
-        f"train.grad_accumulation={accumulation}", f"comm.compression={'fp16' if fp16 else 'none'}",
-        "optim.momentum=0.0"]))
+    adapter.prepare(task, load_config(overrides=case_overrides(accumulation, fp16)))
 
     before = spread(hvd.allgather_object(flat(model)))
     adapter.broadcast_state()
@@ -60,7 +58,4 @@ def run_case(accumulation, fp16):
     return ctx.rank, report(ctx, before, after, update, expected, spread(hvd.allgather_object(flat(model))))
 
 
-reports = {}
-for name, accumulation, fp16 in cases:
-    rank, reports[name] = run_case(accumulation, fp16)
-write_report(out_path, rank, reports)
+run_cases(out_path, cases, run_case)
