@@ -292,26 +292,33 @@ def _variable_path(variable: Any) -> str:
 
 
 def canonical_paths(paths: list[str]) -> list[str]:
-    """Variable paths with Keras's automatic numbering made relative: Keras names layers and
-    optimizers ``dense``, ``dense_1``, ... by a per-process counter, so the same model built after
-    another one is ``sequential_1/dense_2/kernel``. Each word's numeric suffixes (none counts as 0)
-    are replaced by their rank among the suffixes that word carries in ``paths``; a renamed,
-    added, removed or reordered variable still differs."""
-    tokenized = []
-    suffixes: dict[str, set[int]] = {}
+    """Variable paths with Keras's automatic numbering made relative: Keras names layers, seed
+    generators and optimizers ``dense``, ``dense_1``, ... by a per-process counter, so the same
+    model built after another one is ``sequential_1/dense_2/kernel`` (and its momentum
+    ``sgd_1/sequential_1_dense_2_kernel_momentum``). In each path component, every word's numeric
+    suffix (none counts as 0) is replaced by its rank among the suffixes that word carries at that
+    place of components of the same words in ``paths``; a renamed, added, removed or reordered
+    variable still differs."""
+    split = []
+    suffixes: dict[tuple[str, int], set[int]] = {}
     for path in paths:
-        tokens: list[tuple[str, int | None]] = []
-        for part in path.replace("/", "_/_").split("_"):
-            if part.isdigit() and tokens and tokens[-1][1] == 0 and tokens[-1][0] != "/":
-                tokens[-1] = (tokens[-1][0], int(part))
-            else:
-                tokens.append((part, 0 if part != "/" and not part.isdigit() else None))
-        tokenized.append(tokens)
-        for word, n in tokens:
-            if n is not None:
-                suffixes.setdefault(word, set()).add(n)
-    rank = {word: {n: i for i, n in enumerate(sorted(ns))} for word, ns in suffixes.items()}
-    return ["_".join(word if n is None else f"{word}#{rank[word][n]}" for word, n in tokens) for tokens in tokenized]
+        components = []
+        for component in path.split("/"):
+            words: list[list] = []
+            for part in component.split("_"):
+                if part.isdigit() and words and words[-1][1] is None:
+                    words[-1][1] = int(part)
+                else:
+                    words.append([part, None])
+            base = "_".join(word for word, _ in words)
+            numbered = [(word, (base, i), n or 0) for i, (word, n) in enumerate(words)]
+            for _, key, n in numbered:
+                suffixes.setdefault(key, set()).add(n)
+            components.append(numbered)
+        split.append(components)
+    rank = {key: {n: i for i, n in enumerate(sorted(ns))} for key, ns in suffixes.items()}
+    return ["/".join("_".join(f"{word}#{rank[key][n]}" for word, key, n in component) for component in components)
+            for components in split]
 
 
 def check_paths(path: Path, saved: Any, variables: list[Any]) -> None:
