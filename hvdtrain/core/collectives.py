@@ -33,6 +33,23 @@ def _pickled(obj: Any) -> memoryview:
     return buffer.getbuffer()
 
 
+def broadcast_pickled(hvd: Any, from_numpy: Callable[[np.ndarray], Any], obj: Any, root_rank: int, name: str,
+                      process_set: Any = None) -> Any:
+    """``obj`` from ``root_rank`` (a global rank) on every rank of ``process_set`` (None: every
+    rank), pickled once into a uint8 tensor made on the pickle's own buffer: two broadcasts, its
+    length and its bytes. Horovod's ``broadcast_object`` builds its tensor from a Python
+    ``bytearray`` element by element, seconds per ten megabytes (a pipeline checkpoint of the
+    2-million-parameter small CNN spent 7-13 s there on 4 ranks)."""
+    where = {} if process_set is None else {"process_set": process_set}
+    mine = hvd.rank() == root_rank
+    data = _pickled(obj) if mine else None
+    length = hvd.broadcast(from_numpy(np.array([len(data) if mine else 0], dtype=np.int64)), root_rank,
+                           name=f"{name}.length", **where)  # distributed
+    payload = np.frombuffer(data, dtype=np.uint8) if mine else np.zeros(int(np.asarray(length)[0]), np.uint8)
+    received = hvd.broadcast(from_numpy(payload), root_rank, name=f"{name}.bytes", **where)  # distributed
+    return obj if mine else pickle.loads(np.asarray(received))
+
+
 class Collectives:
     """Sums, object broadcast and object gather over every rank, on ``hvd`` (a framework's
     Horovod module, initialised). ``float64_tensor(values)`` makes that framework's tensor of a
@@ -53,7 +70,10 @@ class Collectives:
         return dict(zip(keys, np.asarray(reduced, dtype=np.float64).tolist()))
 
     def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
-        """A picklable object from ``root_rank``, on every rank."""
+        """A picklable object from ``root_rank``, on every rank (:func:`broadcast_pickled` when this
+        framework's tensors can be made from NumPy, else Horovod's ``broadcast_object``)."""
+        if self.from_numpy is not None:
+            return broadcast_pickled(self.hvd, self.from_numpy, obj, root_rank, self.name("broadcast_object"))
         return self.hvd.broadcast_object(obj, root_rank=root_rank, name=self.name("broadcast_object"))  # distributed
 
     def allgather_object(self, obj: Any) -> list[Any]:

@@ -25,10 +25,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain.core.collectives import broadcast_pickled
 from hvdtrain.core.gpipe import Cut, Placement
 from hvdtrain.core.rules import fp16_allreduce
-from hvdtrain.tensorflow.adapter import (MODEL_FILE, OPTIMIZER_FILE, _as_tensor, _load_variables, _save_variables,
-                                         check_paths, offset_seed_states)
+from hvdtrain.tensorflow.adapter import (MODEL_FILE, OPTIMIZER_FILE, _as_tensor, _host_tensor, _load_variables,
+                                         _save_variables, check_paths, offset_seed_states)
 from hvdtrain.tensorflow.compression import tf_variables
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -213,7 +214,7 @@ class TensorFlowStage:
 
     def broadcast_object(self, obj: Any, root_rank: int, name: str, process_set: Any) -> Any:
         """``obj`` from ``root_rank`` over ``process_set``."""
-        return hvd.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)  # distributed
+        return broadcast_pickled(hvd, _host_tensor, obj, root_rank, name, process_set)  # distributed
 
     # -- state of the own blocks ------------------------------------------------------------------
 

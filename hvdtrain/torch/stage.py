@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import horovod.torch as hvd
 import torch
 
+from hvdtrain.core.collectives import broadcast_pickled
 from hvdtrain.core.gpipe import Cut, Placement
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch.adapter import MODEL_FILE, OPTIMIZER_FILE
@@ -245,7 +246,7 @@ class TorchStage:
 
     def broadcast_object(self, obj: Any, root_rank: int, name: str, process_set: Any) -> Any:
         """``obj`` from ``root_rank`` over ``process_set``."""
-        return hvd.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)  # distributed
+        return broadcast_pickled(hvd, torch.from_numpy, obj, root_rank, name, process_set)  # distributed
 
     # -- state of the own blocks ------------------------------------------------------------------
 
