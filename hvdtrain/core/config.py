@@ -145,6 +145,14 @@ class TrainConfig:
     elastic_commit_every: int = _f(20, "elastic mode: commit the in-memory state every N optimizer steps "
                                    "(work since the last commit is redone after a failure)", min=1)
     deterministic: bool = _f(False, "ask the framework for deterministic kernels (bitwise reproducible runs)")
+    early_stopping: int | None = _f(None, "stop when early_stopping_metric has not improved by more than "
+                                    "early_stopping_min_delta for this many epochs (None: never); every rank "
+                                    "stops after the same epoch", min=1)
+    early_stopping_metric: str | None = _f(None, "the metrics.jsonl value early stopping watches (None: "
+                                           "checkpoint.best_metric)")
+    early_stopping_mode: str | None = _f(None, "whether a larger or smaller metric is better (None: "
+                                         "checkpoint.best_mode)", choices=(None, "max", "min"))
+    early_stopping_min_delta: float = _f(0.0, "the smallest change that counts as an improvement", min=0.0)
 
 
 @dataclass
@@ -159,6 +167,22 @@ class CheckpointConfig:
     best_metric: str | None = _f("val_accuracy", "validation metric whose best checkpoint is kept beyond keep_last "
                                  "(None: keep only the last ones)")
     best_mode: str = _f("max", "whether a larger or smaller best_metric is better", choices=("max", "min"))
+
+
+@dataclass
+class LogConfig:
+    """Where rank 0 reports a run: experiment trackers (one run per job, continued by --resume)."""
+
+    trackers: str = _f("tensorboard", "comma-separated experiment trackers written by rank 0: tensorboard, "
+                       "mlflow, wandb (or none)")
+    run_name: str | None = _f(None, "the run's name in the trackers (None: the output directory's name)")
+    mlflow_tracking_uri: str | None = _f(None, "MLflow tracking server or store (None: MLFLOW_TRACKING_URI, "
+                                         "else MLflow's default)")
+    mlflow_experiment: str = _f("hvdtrain", "MLflow experiment the run is created in")
+    wandb_project: str = _f("hvdtrain", "Weights & Biases project")
+    wandb_entity: str | None = _f(None, "Weights & Biases team or user (None: the account's default)")
+    log_checkpoint: str = _f("none", "checkpoint logged to the trackers as an artifact at the end",
+                             choices=("none", "best", "final"))
 
 
 @dataclass
@@ -261,6 +285,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     sections: dict[str, Any] = field(default_factory=dict)
     """Recipe-owned sections by name (``image``, ``text``, a user's own): dataclasses declared by the
     recipe (:func:`hvdtrain.define_recipe` ``sections=``), read as ``config.<name>`` and written
