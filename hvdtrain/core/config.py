@@ -91,6 +91,10 @@ class ModelConfig:
                    "small_cnn, resnet18, resnet50; bert-finetune: a Hugging Face model directory or hub name)",
                    resume="state")
     num_classes: int | None = _f(None, "number of classes; None infers it from the data", min=2, resume="state")
+    pretrained: str | None = _f(None, "weights file the model starts from (image-classification: torchvision-layout "
+                                "ResNet .pth or .safetensors); its keys must match the model's", resume="state")
+    freeze_backbone_epochs: int = _f(0, "fine-tuning: train only the classification head for the first N epochs",
+                                     min=0)
 
 
 @dataclass
@@ -112,6 +116,8 @@ class OptimConfig:
     min_lr_ratio: float = _f(0.0, "final LR as a fraction of the peak LR", min=0.0, max=1.0)
     grad_clip_norm: float | None = _f(None, "clip the global gradient norm to this value", min=0.0,
                                       min_exclusive=True)
+    backbone_lr_factor: float = _f(1.0, "fine-tuning: the backbone's learning rate as a fraction of the head's "
+                                   "(the classification head always gets the full rate)", min=0.0)
 
 
 @dataclass
