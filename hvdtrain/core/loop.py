@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from hvdtrain.core import compression_state, dataset_check, elastic, resume, rules, sharding
+from hvdtrain.core.early_stop import EarlyStopping, Settings as EarlyStopSettings
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager
@@ -216,7 +217,9 @@ class Trainer:
         self.hooks.on_train_begin(ctx, {"config": cfg, "output": self.output, "start_epoch": position.epoch,
                                         "steps_per_epoch": micro_steps, "world_size": ctx.size})
         global_step = position.step
-        for epoch in range(position.epoch, cfg.train.epochs):
+        stopper = self._early_stopping(state)
+        end = position.epoch if stopper and stopper.stopped else cfg.train.epochs
+        for epoch in range(position.epoch, end):
             started = time.perf_counter()
             resumed_here = epoch == position.epoch and position.consumed > 0
             stats = EpochStats(global_step=global_step)
@@ -242,6 +245,8 @@ class Trainer:
             }
             if totals["skipped"]:
                 record["skipped_updates"] = int(totals["skipped"] / ctx.size)
+            # every rank holds the same record (allreduced values): every rank decides alike, no collective
+            stop = stopper.update(record) if stopper else False  # before the checkpoint: its manifest keeps it
             state.history.append(record)
             saved = self.checkpoints.at_epoch_end(ctx, Position(epoch + 1, 0, stats.global_step), record)
             state.last_checkpoint = saved or state.last_checkpoint
@@ -252,7 +257,23 @@ class Trainer:
                            acc=record.get("val_accuracy", float("nan")), **record))
             state.position, state.carried = Position(epoch + 1, 0, stats.global_step), None
             state.commit()
+            if stop:
+                gate.print(f"hvdtrain: early stopping after epoch {epoch + 1} of {cfg.train.epochs}: "
+                           f"{stopper.reason()}")
+                break
         return RunResult(self.output, state.history, state.last_checkpoint, ctx.size)
+
+    def _early_stopping(self, state: TrainingState) -> EarlyStopping | None:
+        """The early-stop state after the epochs in ``state.history`` (None when off): what a resume
+        or an elastic re-form continues from. A run that had already stopped trains no further."""
+        settings = EarlyStopSettings.of(self.config)
+        if settings is None:
+            return None
+        stopper = EarlyStopping.restore(settings, state.history)
+        if stopper.stopped:
+            self.gate.print(f"hvdtrain: the run stopped early after epoch {stopper.epoch}: {stopper.reason()}; "
+                            f"nothing left to train ({stopper.how_to_continue()})")
+        return stopper
 
     def _train_epoch(self, task: Any, epoch: int, schedule: Any, stats: EpochStats, start: int,
                      state: TrainingState) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdtrain.core import early_stop
 from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager
 from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.config import RunConfig, resume_keys, to_dict
@@ -132,6 +133,9 @@ def _plan(config: RunConfig, manager: CheckpointManager, output: Path) -> dict[s
     if problem:
         return {"error": problem}
     history = read_history(output, latest, notes) if latest is not None else []
+    stop = early_stop.resume_refusal(config, latest.manifest.get("config", {}), history) if latest else None
+    if stop:
+        return {"error": stop}  # a run that stopped early is not trained past its stop by more epochs
     manager.remove_temporaries()  # no other run writes here: this one holds the lock
     notes += manager.set_aside(damaged)  # out of the way of the checkpoints this run will write, but kept
     if latest is None:

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from hvdtrain.core import early_stop
 from hvdtrain.core.config import ConfigError
 
 COMPRESSORS = ("powersgd", "topk")  # hvdtrain's own exchanges (the others are Horovod's allreduce)
@@ -191,11 +192,18 @@ def pipeline_micro_batches(config: Any) -> str | None:
     return None
 
 
+def early_stopping_metric(config: Any) -> str | None:
+    """Early stopping watches a metric every rank agrees on (``train_loss`` or ``val_*``: computed
+    from allreduced values), so all ranks stop after the same epoch; it needs one to watch. Whether
+    the recipe reports that metric is known at a resume (the history) or the first epoch's end."""
+    return early_stop.config_refusal(config)
+
+
 CONFIG_RULES: tuple[Callable[[Any], str | None], ...] = (
     adasum_with_exchange, adasum_with_elastic, adasum_with_update_rewrites, local_sgd_with_compression,
     error_feedback_with_loss_scaling, overlap_with_exchange, elastic_with_tuning, pipeline_with_elastic,
     pipeline_with_exchange, pipeline_with_accumulation, pipeline_with_adasum, pipeline_with_mixed_precision,
-    pipeline_micro_batches,
+    pipeline_micro_batches, early_stopping_metric,
 )
 
 

@@ -55,6 +55,12 @@ CONFIG_CASES = [
      ["train.mixed_precision=bf16", "TensorFlow"]),
     (rules.pipeline_micro_batches, ["parallel.pipeline_stages=2", "parallel.micro_batches=128"],
      ["parallel.micro_batches=128", "train.batch_size=64"]),
+    (rules.early_stopping_metric, ["train.early_stopping=3", "checkpoint.best_metric=null"],
+     ["train.early_stopping=3", "train.early_stopping_metric", "train_loss", "val_accuracy"]),
+    (rules.early_stopping_metric, ["train.early_stopping=3", "train.early_stopping_metric=samples_per_sec"],
+     ["train.early_stopping_metric='samples_per_sec'", "every worker agrees on", "train_loss", "val_loss"]),
+    (rules.early_stopping_metric, ["train.early_stopping=3", "checkpoint.best_metric=epoch_time_sec"],
+     ["checkpoint.best_metric='epoch_time_sec'", "train.early_stopping", "val_accuracy"]),
 ]
 
 WORLD_CASES = [
@@ -113,6 +119,9 @@ def test_every_rule_in_the_book_is_exercised():
     ["train.elastic=true", "comm.compression=topk"],
     ["comm.reduction=adasum", "comm.compression=fp16"],
     ["comm.overlap=always", "comm.compression=fp16"],
+    ["train.early_stopping=3"],
+    ["train.early_stopping=2", "train.early_stopping_metric=val_loss", "checkpoint.best_metric=null"],
+    ["train.early_stopping=2", "train.early_stopping_metric=train_loss", "train.early_stopping_mode=min"],
 ])
 def test_combinations_that_run_are_allowed(overrides):
     config = load_config(overrides=overrides)
