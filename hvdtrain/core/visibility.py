@@ -1,5 +1,6 @@
-"""The callbacks every run gets: TensorBoard and the progress bar (unless the config turns them
-off), the ``train.log_every`` line, the recipe's export, and the watchdog around fault injection.
+"""The callbacks every run gets: the experiment trackers of ``log.trackers`` (TensorBoard by
+default; MLflow, W&B) and the progress bar (unless the config turns them off), the
+``train.log_every`` line, the recipe's export, and the watchdog around fault injection.
 
 :func:`default_callbacks` is what a :class:`~hvdtrain.core.loop.Trainer` adds before the caller's
 callbacks; :func:`run_callbacks` wraps those in the ones a run needs once its watchdog and task
@@ -15,14 +16,20 @@ from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.faults import FaultInjection
 from hvdtrain.observability.progress import ProgressBar
 from hvdtrain.observability.tensorboard_log import TensorBoardCallback
+from hvdtrain.observability.trackers import REMOTE_TRACKERS, TrackersCallback, parse_trackers
 from hvdtrain.core.watchdog import StallWatchdog, WatchdogCallback
 
 
 def default_callbacks(config: Any) -> list[Callback]:
-    """``train.tensorboard`` -> :class:`TensorBoardCallback`; ``train.progress_bar`` -> :class:`ProgressBar`."""
+    """``log.trackers``: ``tensorboard`` -> :class:`TensorBoardCallback` (``train.tensorboard=false``,
+    its older switch, still turns it off), ``mlflow``/``wandb`` -> one :class:`TrackersCallback`;
+    ``train.progress_bar`` -> :class:`ProgressBar`."""
     callbacks: list[Callback] = []
-    if config.train.tensorboard:
+    trackers = parse_trackers(config.log.trackers)
+    if "tensorboard" in trackers and config.train.tensorboard:
         callbacks.append(TensorBoardCallback())
+    if any(name in REMOTE_TRACKERS for name in trackers):
+        callbacks.append(TrackersCallback(config))
     if config.train.progress_bar:
         callbacks.append(ProgressBar())
     return callbacks

@@ -1,0 +1,121 @@
+"""Before training: rank 0 reaches every tracker ``log.trackers`` names; all ranks share the verdict.
+
+Each check imports the tracker's package and talks to its server once, with a short timeout and no
+retries: a missing package, a server that does not answer, a URI of the wrong kind or a W&B login
+that is missing is a :class:`~.base.TrackerError` naming the tracker, the address and the fix, raised
+on every rank alike (the verdict is broadcast, as the start plan is), before the model is built.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hvdtrain.observability.trackers.base import INSTALL_HINT, TrackerError, parse_trackers
+
+TIMEOUT_SEC = 10
+
+
+def mlflow_uri(config: Any) -> str:
+    """The tracking URI a run uses: ``log.mlflow_tracking_uri``, else ``MLFLOW_TRACKING_URI``, else MLflow's default."""
+    import mlflow
+
+    return config.log.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+
+
+def check_mlflow(config: Any) -> None:
+    """The MLflow package imports and its tracking server (or local store) answers."""
+    try:
+        import mlflow  # noqa: F401
+    except ImportError as exc:
+        raise TrackerError(f"log.trackers=mlflow: the mlflow client is not installed ({exc}); {INSTALL_HINT}") from None
+    uri = mlflow_uri(config)
+    fix = "start the server, or set log.mlflow_tracking_uri (or MLFLOW_TRACKING_URI) to one that answers"
+    if uri.startswith(("http://", "https://")):
+        from mlflow.tracking._tracking_service.utils import get_default_host_creds
+        from mlflow.utils.rest_utils import http_request
+
+        try:
+            response = http_request(get_default_host_creds(uri), "/api/2.0/mlflow/experiments/get-by-name", "GET",
+                                    max_retries=0, timeout=TIMEOUT_SEC, raise_on_status=False,
+                                    params={"experiment_name": config.log.mlflow_experiment})
+        except Exception as exc:  # connection refused, DNS, timeout: requests' and urllib3's errors
+            raise TrackerError(f"log.trackers=mlflow: cannot reach the MLflow tracking server at {uri} "
+                               f"({type(exc).__name__}); {fix}") from None
+        if response.status_code in (401, 403):
+            raise TrackerError(f"log.trackers=mlflow: the MLflow server at {uri} refused the request "
+                               f"(HTTP {response.status_code}); set MLFLOW_TRACKING_TOKEN or "
+                               f"MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD")
+        if response.status_code not in (200, 404) or "json" not in response.headers.get("Content-Type", ""):
+            raise TrackerError(f"log.trackers=mlflow: {uri} does not answer as an MLflow tracking server "
+                               f"(HTTP {response.status_code} on /api/2.0/mlflow/experiments/get-by-name); {fix}")
+        return
+    try:  # a local store (sqlite:, file:, a folder): opening it is the check
+        from mlflow import MlflowClient
+
+        MlflowClient(uri).search_experiments(max_results=1)
+    except ImportError as exc:
+        raise TrackerError(f"log.trackers=mlflow: the MLflow store {uri} needs the full mlflow package ({exc}); "
+                           f"pip install mlflow==3.17.0, or point log.mlflow_tracking_uri at a server "
+                           f"(scripts/mlflow-server.sh starts one)") from None
+    except Exception as exc:
+        raise TrackerError(f"log.trackers=mlflow: cannot open the MLflow store {uri} ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}); {fix}") from None
+
+
+def wandb_mode() -> str:
+    """``WANDB_MODE`` as W&B reads it (``dryrun`` is offline); online when unset."""
+    mode = os.environ.get("WANDB_MODE", "online").strip().lower() or "online"
+    return "offline" if mode == "dryrun" else mode
+
+
+def check_wandb(config: Any) -> None:
+    """The wandb package imports; online, a login exists and the W&B server accepts it."""
+    try:
+        import wandb
+    except ImportError as exc:
+        raise TrackerError(f"log.trackers=wandb: the wandb client is not installed ({exc}); {INSTALL_HINT}") from None
+    mode = wandb_mode()
+    if mode not in ("online", "offline", "disabled", "shared"):
+        raise TrackerError(f"log.trackers=wandb: WANDB_MODE={os.environ.get('WANDB_MODE')!r} is not a W&B mode; "
+                           f"use online, offline or disabled")
+    if mode in ("offline", "disabled"):
+        return
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    fix = "run `wandb login` (or set WANDB_API_KEY), or log offline with WANDB_MODE=offline and `wandb sync` later"
+    try:
+        ok = wandb.login(verify=True, prompt=False, timeout=TIMEOUT_SEC)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrackerError(f"log.trackers=wandb: cannot log in to W&B at {host} ({first[:200]}); {fix}") from None
+    if not ok:
+        raise TrackerError(f"log.trackers=wandb: no W&B login for {host}; {fix}")
+
+
+CHECKS = {"mlflow": check_mlflow, "wandb": check_wandb}
+
+
+def verdict(config: Any) -> str | None:
+    """Rank 0's check of every tracker in ``log.trackers``: the first refusal, or None."""
+    try:
+        for name in parse_trackers(config.log.trackers):
+            if name in CHECKS:
+                CHECKS[name](config)
+    except TrackerError as exc:
+        return str(exc)
+    return None
+
+
+def preflight(config: Any, adapter: Any, ctx: Any) -> None:
+    """Every rank, right after Horovod starts: rank 0 checks the trackers and broadcasts the
+    verdict (a collective), so all ranks raise the same :class:`TrackerError` or all go on. In
+    elastic mode nothing before the elastic loop may be collective (a joiner runs this alone):
+    each worker checks for itself."""
+    if not any(name in CHECKS for name in parse_trackers(config.log.trackers)):
+        return  # TensorBoard or none: nothing to reach, no collective
+    if config.train.elastic or ctx.size == 1:
+        refusal = verdict(config)
+    else:
+        refusal = adapter.broadcast_object(verdict(config) if ctx.is_main else None, root_rank=0)  # distributed
+    if refusal:
+        raise TrackerError(refusal)
