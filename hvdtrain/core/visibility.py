@@ -16,7 +16,7 @@ from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.faults import FaultInjection
 from hvdtrain.observability.progress import ProgressBar
 from hvdtrain.observability.tensorboard_log import TensorBoardCallback
-from hvdtrain.observability.trackers import REMOTE_TRACKERS, TrackersCallback, parse_trackers
+from hvdtrain.observability.trackers import REMOTE_TRACKERS, TrackersCallback, parse_trackers, preflight
 from hvdtrain.core.watchdog import StallWatchdog, WatchdogCallback
 
 
@@ -33,6 +33,13 @@ def default_callbacks(config: Any) -> list[Callback]:
     if config.train.progress_bar:
         callbacks.append(ProgressBar())
     return callbacks
+
+
+def check_trackers(config: Any, adapter: Any, ctx: Any) -> None:
+    """Every rank, right after Horovod starts (a collective unless elastic): rank 0 reaches the
+    trackers of ``log.trackers`` (MLflow's server, W&B's login) and all ranks raise the same
+    one-line :class:`~hvdtrain.observability.trackers.TrackerError` if one cannot be used."""
+    preflight(config, adapter, ctx)
 
 
 class StepLog(Callback):
