@@ -1,4 +1,4 @@
-"""`hvdtrain predict RUN_DIR TEXT...`: classify inputs with a run's exported model.
+"""`hvdtrain predict RUN_DIR INPUT...`: classify inputs (texts, image files) with a run's exported model.
 
 The recipe that trained the run (``RUN_DIR/config.yaml``'s ``recipe``, or ``--recipe``) does the
 work through its ``predict`` hook in the recipe registry; hvdtrain itself imports no recipe.
@@ -34,12 +34,13 @@ def run_recipe(run_dir: str, recipe: str | None) -> str:
 
 @main.command("predict")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.argument("texts", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1, required=True)
 @click.option("--recipe", default=None, help="Recipe whose predict hook to use (default: the run's, from "
               "RUN_DIR/config.yaml).")
-def predict_command(run_dir, texts, recipe) -> None:
-    """Print the label and its probability for each TEXT, one tab-separated line per text,
-    using the model a run (for example of bert-finetune) exported to RUN_DIR/model."""
+def predict_command(run_dir, inputs, recipe) -> None:
+    """Print the label and its probability for each INPUT (a text for bert-finetune, an image
+    file for image-classification), one tab-separated line per input, using the model the run
+    exported to RUN_DIR/model."""
     import os
 
     from hvdtrain.core.registry import get_hook
@@ -47,7 +48,8 @@ def predict_command(run_dir, texts, recipe) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything needed is in the export folder
     try:
         predict = get_hook(run_recipe(run_dir, recipe), "predict")
-        for prediction in predict(run_dir, list(texts)):
-            click.echo(f"{prediction.label}\t{prediction.probability:.4f}\t{prediction.text}")
+        for prediction in predict(run_dir, list(inputs)):
+            shown = getattr(prediction, "input", None) or getattr(prediction, "text", "")
+            click.echo(f"{prediction.label}\t{prediction.probability:.4f}\t{shown}")
     except USER_ERRORS as exc:
         fail(exc)

@@ -17,7 +17,12 @@ the challenge's ``LOC_val_solution.csv``) on a cluster::
         --set optim.warmup_epochs=5 --set optim.weight_decay=5e-5
 
 Models: ``auto`` (default: ``small_cnn`` up to 64 pixels, ``resnet50`` above), ``small_cnn``,
-``resnet18``, ``resnet50``. The ``image`` section (size, transform policy, decoding workers, bad
+``resnet18``, ``resnet50``, or a local Hugging Face image-classification directory (``--model
+./vit-dir``: torch through transformers' AutoModelForImageClassification, TensorFlow through
+keras-hub for ViT, DeiT, Swin and DINOv2; the checkpoint's size, resize/crop and mean/std replace
+the image defaults unless set; the head is sized to the class folders; see
+``recipes/image_classification/hf_models.py``). After the last epoch rank 0 exports the model to
+``OUTPUT/model``; ``hvdtrain predict OUTPUT photo.jpg ...`` classifies image files with it. The ``image`` section (size, transform policy, decoding workers, bad
 files, validation labels) is listed by ``hvdtrain recipe image-classification --keys``.
 """
 
@@ -32,12 +37,21 @@ DEFAULTS = {
 
 hvdtrain.define_recipe(
     "image-classification",
-    description="ImageFolder image classification (default: embedded MNIST); small_cnn, resnet18, resnet50",
+    description="ImageFolder image classification (default: embedded MNIST); small_cnn, resnet18, resnet50, "
+                "or a Hugging Face image model directory",
     defaults=DEFAULTS,
     sections={"image": ImageConfig},
     moved_keys=MOVED_KEYS,
-    hooks={"bench_model": lambda *args: bench_model(*args)},
+    hooks={"bench_model": lambda *args: bench_model(*args),
+           "predict": lambda run_dir, files: _predict(run_dir, files)},
 )
+
+
+def _predict(run_dir, files):
+    """Predictions of a run's exported model for image files (``hvdtrain predict RUN_DIR IMAGE...``)."""
+    from recipes.image_classification.predict import predict
+
+    return predict(run_dir, files)
 
 
 def bench_model(framework, name, channels, image_size, num_classes):

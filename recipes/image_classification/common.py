@@ -7,6 +7,7 @@ import numpy as np
 from hvdtrain.data.normalize import normalize_numpy
 from recipes.image_classification.config import ImageConfig
 from recipes.image_classification.data import default_workers, embedded_mnist, load_image_folder
+from recipes.image_classification.hf_models import HFImageModel, apply_preprocessing, is_hf_model, resolve
 
 LARGE_IMAGE_MODEL = "resnet50"
 _POOLS: dict[int, object] = {}
@@ -15,6 +16,23 @@ _POOLS: dict[int, object] = {}
 def image_section(config) -> ImageConfig:
     """The run's ``image`` section (its defaults for a recipe that does not declare it)."""
     return config.sections.get("image") or ImageConfig()
+
+
+def hf_model(config) -> HFImageModel | None:
+    """The Hugging Face model directory ``model.name`` names, or None for the recipe's own models."""
+    if not is_hf_model(config.model.name):
+        return None
+    if config.model.pretrained:
+        raise ValueError(f"model.pretrained={config.model.pretrained} loads torchvision ResNet weights into the "
+                         f"recipe's own ResNets; --model {config.model.name} is a Hugging Face directory with its "
+                         f"own weights: leave model.pretrained unset")
+    return resolve(config.model.name)
+
+
+def class_labels(train, num_classes: int) -> list[str]:
+    """The class folder names in label order (``model.num_classes`` beyond them: ``unused_<k>``)."""
+    names = list(train.index.classes)
+    return names + [f"unused_{k}" for k in range(len(names), num_classes)]
 
 
 def _pool(workers: int):
@@ -29,6 +47,9 @@ def _pool(workers: int):
 def load_image_data(config, ctx):
     """uint8 NHWC train and val datasets from ``--data`` or the embedded MNIST, and the number of classes."""
     image = image_section(config)
+    hf = hf_model(config)
+    if hf is not None:  # the checkpoint's size and resize/crop, unless the user set them
+        image = apply_preprocessing(image, hf)
     root = config.data.path or embedded_mnist()
     workers = default_workers(ctx.local_size) if image.workers is None else image.workers
     train, val, classes = load_image_folder(

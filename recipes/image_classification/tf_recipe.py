@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import keras
 import tensorflow as tf
 
 import hvdtrain
+from hvdtrain.data.normalize import GRAY_MEAN, GRAY_STD, RGB_MEAN, RGB_STD
 from hvdtrain.tensorflow import build_optimizer, low_rank_variables
 from hvdtrain.tensorflow.images import normalize_inputs
-from recipes.image_classification.common import load_image_data, model_name
+from recipes.image_classification import export
+from recipes.image_classification.common import class_labels, hf_model, load_image_data, model_name
 from recipes.image_classification.keras_models import build_model, pipeline_blocks
 
 
@@ -20,14 +24,48 @@ def _correct(logits, labels):
     return {"correct": tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32))}
 
 
+def own_model(config, train, shape: tuple[int, int, int], num_classes: int) -> keras.Model:
+    """One of the recipe's models; with ``model.pretrained``, torchvision-layout ResNet weights
+    loaded into it (recipes/image_classification/torchvision_weights.py)."""
+    model = build_model(model_name(config, train), shape, num_classes)
+    if config.model.pretrained:
+        from recipes.image_classification.torchvision_weights import load_torchvision_resnet
+
+        load_torchvision_resnet(model, config.model.pretrained, "tensorflow")
+    return model
+
+
 def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.TrainTask:
     """Model, optimizer, loss and data for one worker; the adapter wires up Horovod. Batches
     arrive as uint8 NHWC; the model's first layer normalises them on its device."""
+    export.check_target(config.output, config.model.name)  # never replace a user's folder
+    hf = hf_model(config)
+    if hf is not None:
+        from recipes.image_classification import hf_models
+
+        hf_models.check_keras_supported(hf)  # before any data is read
     train, val, num_classes = load_image_data(config, ctx)
+    labels = class_labels(train, num_classes)
     keras.utils.set_random_seed(config.train.seed)  # identical init everywhere; rank 0's weights are broadcast anyway
     shape = (*train.image_size, train.channels)
-    inner = build_model(model_name(config, train), shape, num_classes)
-    model = normalize_inputs(inner, shape)
+    if hf is not None:
+        from recipes.image_classification import hf_keras
+
+        model = hf_keras.load_model(hf, labels, config.train.seed, shape)
+        blocks = None
+        mean, std = hf.preprocessing.mean, hf.preprocessing.std
+    else:
+        inner = own_model(config, train, shape, num_classes)
+        model = normalize_inputs(inner, shape)
+        blocks = lambda: stage_blocks(inner, shape)  # noqa: E731  (parallel.pipeline_stages > 1)
+        mean, std = (GRAY_MEAN, GRAY_STD) if train.channels == 1 else (RGB_MEAN, RGB_STD)
+    record = export.make_record(labels=labels, framework="tensorflow", source="huggingface" if hf else "hvdtrain",
+                                model=hf.model_type if hf else model_name(config, train), policy=train.policy,
+                                channels=train.channels, grayscale=train.channels == 1, mean=mean, std=std)
+
+    def write_model(folder: Path) -> None:
+        model.save(folder / export.KERAS_FILE)
+
     return hvdtrain.TrainTask(
         model=model,
         optimizer=build_optimizer(config.optim, exclude_variables=low_rank_variables(model)),  # none on BN, bias
@@ -35,7 +73,10 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         train_data=train,
         val_data=val,
         metric_sums=_correct,
-        pipeline_blocks=lambda: stage_blocks(inner, shape),  # parallel.pipeline_stages > 1
+        export=(lambda output: export.write_export(output, write_model, record))
+        if config.parallel.pipeline_stages <= 1 else None,
+        info={"labels": labels},
+        pipeline_blocks=blocks,
     )
 
 
