@@ -1,4 +1,4 @@
-"""PyTorch image models: a small CNN (CPU default) and ResNet-18/50 (He et al., 2016).
+"""PyTorch image models: a small CNN (CPU default) and ResNet-18/34/50/101 (He et al., 2016).
 
 Written out here because torchvision has no CPU build that matches torch 2.13. For inputs
 smaller than 64 pixels the ResNets use a 3x3 stem without max-pooling (the CIFAR variant).
@@ -73,6 +73,7 @@ class ResNet(nn.Module):
 
     def __init__(self, block: type, layers: list[int], in_channels: int, num_classes: int, small_input: bool):
         super().__init__()
+        self.blocks_per_stage = list(layers)  # torchvision's layer1..layer4 lengths (torchvision_weights)
         stem = [nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)] if small_input else \
             [nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)]
         stem += [nn.BatchNorm2d(64), nn.ReLU(inplace=True)]
@@ -95,19 +96,24 @@ class ResNet(nn.Module):
 
 
 def build_model(name: str, in_channels: int, image_size: tuple[int, int], num_classes: int) -> nn.Module:
-    """The model called ``name``: small_cnn, resnet18 or resnet50."""
+    """The model called ``name``: small_cnn, resnet18, resnet34, resnet50 or resnet101."""
     small = min(image_size) < 64
     if name == "small_cnn":
         return SmallCNN(in_channels, image_size, num_classes)
-    if name == "resnet18":
-        return ResNet(BasicBlock, [2, 2, 2, 2], in_channels, num_classes, small)
-    if name == "resnet50":
-        return ResNet(Bottleneck, [3, 4, 6, 3], in_channels, num_classes, small)
+    if name in RESNETS:
+        block, layers = RESNETS[name]
+        return ResNet(block, layers, in_channels, num_classes, small)
     raise ValueError(f"model.name {name!r} is not allowed for image-classification; "
                      f"choose one of: {', '.join(MODELS)}")
 
 
-MODELS = ("small_cnn", "resnet18", "resnet50")
+RESNETS = {  # name: (block, residual blocks per stage), as torchvision's resnet18 ... resnet101
+    "resnet18": (BasicBlock, [2, 2, 2, 2]),
+    "resnet34": (BasicBlock, [3, 4, 6, 3]),
+    "resnet50": (Bottleneck, [3, 4, 6, 3]),
+    "resnet101": (Bottleneck, [3, 4, 23, 3]),
+}
+MODELS = ("small_cnn", *RESNETS)
 
 
 def pipeline_blocks(model: nn.Module) -> list[nn.Module]:
