@@ -59,13 +59,14 @@ class TokenPooling(keras.layers.Layer):
 
 def _backbone(hf: HFImageModel):
     import keras_hub
+    from safetensors import SafetensorError
 
     kwargs = {}
     if hf.model_type == "vit":  # keras-hub's ViT defaults to 1e-6; Hugging Face's ViT uses 1e-12
         kwargs["layer_norm_epsilon"] = float(hf.config.get("layer_norm_eps", 1e-12))
     try:
         return keras_hub.models.Backbone.from_preset(str(hf.path), **kwargs)
-    except (KeyError, ValueError, OSError) as exc:  # keys the converter looks for are absent, or wrong shapes
+    except (KeyError, ValueError, OSError, SafetensorError) as exc:  # keys the converter looks for are absent, or wrong shapes
         raise HFModelError(f"keras-hub cannot convert the weights in {hf.path} ({hf.model_type}): "
                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
 

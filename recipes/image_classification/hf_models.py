@@ -152,6 +152,16 @@ def check_keras_supported(hf: HFImageModel) -> str:
     return pooling
 
 
+def check_input_size(hf: HFImageModel, size: int, framework: str) -> None:
+    """Vision transformers take the size their position embeddings were trained for (torch: ViT and
+    DeiT; TensorFlow: every keras-hub backbone); HFModelError names the sizes otherwise."""
+    fixed = set(KERAS_HUB_POOLING) if framework == "tensorflow" else {"vit", "deit"}
+    expected = hf.config.get("image_size")
+    if hf.model_type in fixed and expected is not None and int(expected) != size:
+        raise HFModelError(f"image.size={size} but the {hf.model_type} model in {hf.path} takes {expected}x{expected} "
+                           f"images (config.json image_size); use --set image.size={expected} or leave it unset")
+
+
 def head_weights(in_features: int, num_labels: int, seed: int, std: float = 0.02) -> tuple[np.ndarray, np.ndarray]:
     """The classification head's initial kernel ``(in_features, num_labels)`` and zero bias, from ``seed`` alone."""
     kernel = np.random.default_rng([seed, 4242]).normal(0.0, std, size=(in_features, num_labels))

@@ -78,7 +78,9 @@ def load_model(hf: HFImageModel, labels: list[str], seed: int) -> HFImageClassif
     (:func:`recipes.image_classification.hf_models.head_weights`: the TensorFlow model gets the same)."""
     model, info = _load_pretrained(hf, labels)
     check_loading_info(hf, info)
-    head = getattr(model, HEAD_NAME, None)
+    head = getattr(model, HEAD_NAME, None)  # a Linear, or (ResNet) Flatten + Linear
+    if head is not None and not isinstance(head, torch.nn.Linear):
+        head = ([m for m in head.modules() if isinstance(m, torch.nn.Linear)] or [None])[-1]
     if not isinstance(head, torch.nn.Linear):
         raise HFModelError(f"{type(model).__name__} from {hf.path} has no linear '{HEAD_NAME}' head to resize")
     kernel, bias = head_weights(head.in_features, len(labels), seed, hf.config.get("initializer_range", 0.02))

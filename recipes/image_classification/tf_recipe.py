@@ -11,7 +11,7 @@ import hvdtrain
 from hvdtrain.data.normalize import GRAY_MEAN, GRAY_STD, RGB_MEAN, RGB_STD
 from hvdtrain.tensorflow import build_optimizer, low_rank_variables
 from hvdtrain.tensorflow.images import normalize_inputs
-from recipes.image_classification import export
+from recipes.image_classification import export, hf_models
 from recipes.image_classification.common import class_labels, hf_model, load_image_data, model_name
 from recipes.image_classification.keras_models import build_model, pipeline_blocks
 
@@ -41,11 +41,11 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
     export.check_target(config.output, config.model.name)  # never replace a user's folder
     hf = hf_model(config)
     if hf is not None:
-        from recipes.image_classification import hf_models
-
         hf_models.check_keras_supported(hf)  # before any data is read
     train, val, num_classes = load_image_data(config, ctx)
     labels = class_labels(train, num_classes)
+    if hf is not None:
+        hf_models.check_input_size(hf, train.policy.size, "tensorflow")
     keras.utils.set_random_seed(config.train.seed)  # identical init everywhere; rank 0's weights are broadcast anyway
     shape = (*train.image_size, train.channels)
     if hf is not None:

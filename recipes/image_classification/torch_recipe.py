@@ -11,7 +11,7 @@ import hvdtrain
 from hvdtrain.data.normalize import GRAY_MEAN, GRAY_STD, RGB_MEAN, RGB_STD
 from hvdtrain.torch import build_optimizer, decay_groups
 from hvdtrain.torch.images import normalize_inputs
-from recipes.image_classification import export
+from recipes.image_classification import export, hf_models
 from recipes.image_classification.common import class_labels, hf_model, load_image_data, model_name
 from recipes.image_classification.torch_models import build_model, pipeline_blocks
 
@@ -35,6 +35,8 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
     hf = hf_model(config)
     train, val, num_classes = load_image_data(config, ctx)
     labels = class_labels(train, num_classes)
+    if hf is not None:
+        hf_models.check_input_size(hf, train.policy.size, "torch")
     torch.manual_seed(config.train.seed)  # identical init everywhere; rank 0's weights are broadcast anyway
     if hf is not None:
         from recipes.image_classification import hf_torch
