@@ -13,7 +13,11 @@ Recipes are registered with :func:`define_recipe` and :func:`register_recipe`. F
     result = hvdtrain.run("image-classification", framework="torch", np=2, train__epochs=1)
 """
 
-from hvdtrain._version import __version__
+from hvdtrain.tools import tf_logging
+
+tf_logging.install()  # before anything can import TensorFlow: quiet start-up, the user's TF_CPP_MIN_LOG_LEVEL wins
+
+from hvdtrain._version import __version__  # noqa: E402
 
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, FrameworkMissingError, load_adapter

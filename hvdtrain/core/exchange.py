@@ -129,6 +129,7 @@ class Stateless:
 
     def after_update(self) -> None:
         """Nothing to do."""
+        return None  # a body besides the docstring: TensorFlow's AutoGraph cannot convert an empty one
 
     def sync_replicas(self) -> None:
         """The replicas are always equal."""

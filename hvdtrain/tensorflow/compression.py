@@ -146,6 +146,7 @@ class PowerSGD:
 
     def after_update(self) -> None:
         """Nothing to do."""
+        return None  # a body besides the docstring: AutoGraph cannot convert an empty one (a warning per rank)
 
     def sync_replicas(self) -> None:
         """The replicas are always equal."""
@@ -217,6 +218,7 @@ class TopK:
 
     def after_update(self) -> None:
         """Nothing to do."""
+        return None  # a body besides the docstring: AutoGraph cannot convert an empty one (a warning per rank)
 
     def sync_replicas(self) -> None:
         """The replicas are always equal."""
