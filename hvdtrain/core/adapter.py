@@ -121,6 +121,11 @@ class FrameworkAdapter(ABC):
         """Take the recipe's model, optimizer and loss; wire them to the gradient exchange
         (compression, accumulation, mixed precision) and create all optimizer state."""
 
+    def begin_epoch(self, epoch: int) -> None:
+        """Called by the loop before each training epoch (``epoch`` 0-based, the resumed one
+        included): adapters that support ``model.freeze_backbone_epochs`` freeze or release the
+        backbone here (:mod:`hvdtrain.core.finetune`). Not a collective; by default nothing."""
+
     @abstractmethod
     def broadcast_state(self, root_rank: int = 0) -> None:
         """Copy model parameters and optimizer state from ``root_rank`` to every rank."""

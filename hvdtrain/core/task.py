@@ -58,6 +58,10 @@ class TrainTask:
     as ``block(x)``, where ``x`` is the model's inputs for the first block and the previous block's
     output after that; a block with ``needs_inputs = True`` is called ``block(x, inputs)`` and also
     gets the micro-batch's model inputs (an attention mask, for example).
+    ``head()``, if given, returns the classification head's framework-native parameters (torch) or
+    variables (Keras): what ``model.freeze_backbone_epochs`` keeps training and
+    ``optim.backbone_lr_factor`` leaves at the full rate (:mod:`hvdtrain.core.finetune`); without it
+    the model's module or layer named ``classifier``, ``fc`` or ``head`` is the head.
     """
 
     model: Any
@@ -70,3 +74,4 @@ class TrainTask:
     export: Callable[[Any], None] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     pipeline_blocks: Callable[[], list[Any]] | None = None  # see the class docstring
+    head: Callable[[], list[Any]] | None = None  # see the class docstring (fine-tuning controls)

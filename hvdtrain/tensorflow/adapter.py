@@ -24,6 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain.core import finetune
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.comm import overlap_gradients
@@ -33,6 +34,7 @@ from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.tensorflow.compression import Allreduce, build_exchange, tf_variables
+from hvdtrain.tensorflow.finetune import BackboneControl, LearningRateFactors, head_variables
 
 MODEL_FILE = "model_variables.npz"  # every model variable, dropout seed state included
 OPTIMIZER_FILE = "optimizer.npz"  # loss-scale state included (train.mixed_precision=fp16)
@@ -123,6 +125,9 @@ class TensorFlowAdapter(FrameworkAdapter):
             self.model(_as_tensor(sample), training=False)
         self.trainable = self.model.trainable_variables
         self.optimizer.build(self.trainable)  # create slots now so they can be broadcast
+        self.buffers = [v for v in self.model.non_trainable_variables
+                        if v.dtype in ("float16", "bfloat16", "float32", "float64")]  # BatchNorm statistics
+        self._fine_tuning(task, config)
         self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tf_variables(self.trainable)] \
             if self.accumulation > 1 else []
         # The gradient exchange (hvdtrain.core.exchange) the step calls between the tape's gradients
@@ -134,9 +139,39 @@ class TensorFlowAdapter(FrameworkAdapter):
             self.exchange = Allreduce(self.trainable, self.compression, self.reduce_op, groups)
         else:
             self.exchange = build_exchange(plan, self.trainable, self.model, self.optimizer)
-        self._train_apply = tf.function(self._apply_step, reduce_retracing=True)
-        self._train_accumulate = tf.function(self._accumulate_step, reduce_retracing=True)
+        self._steps: dict[bool, tuple[Any, Any]] = {}  # per frozen-backbone mode: (apply, accumulate) step
         self._eval = tf.function(self._eval_step, reduce_retracing=True)
+
+    control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
+    freeze_epochs = 0
+
+    def _fine_tuning(self, task: Any, config: Any) -> None:
+        """``self.control`` for ``model.freeze_backbone_epochs`` and ``optim.backbone_lr_factor``."""
+        if not finetune.enabled(config):
+            return
+        if self.reduce_op == hvd.Adasum:
+            raise ConfigError("model.freeze_backbone_epochs / optim.backbone_lr_factor do not combine with "
+                              "comm.reduction=adasum; use average")
+        self.control = BackboneControl(self.model, self.trainable, head_variables(task, self.model))
+        self.freeze_epochs = config.model.freeze_backbone_epochs
+        if config.optim.backbone_lr_factor != 1.0:
+            self.control.set_lr_factor(self.inner_optimizer, config.optim.backbone_lr_factor)
+
+    @property
+    def _frozen(self) -> bool:
+        return self.control is not None and self.control.frozen
+
+    def begin_epoch(self, epoch: int) -> None:
+        if self.control is not None:
+            self.control.set_frozen(epoch < self.freeze_epochs)
+
+    def _step_functions(self) -> tuple[Any, Any]:
+        """The traced (apply, accumulate) steps for the current mode: a frozen backbone's step is
+        traced with its BatchNormalization layers non-trainable and updates the head only."""
+        if self._frozen not in self._steps:
+            self._steps[self._frozen] = (tf.function(self._apply_step, reduce_retracing=True),
+                                         tf.function(self._accumulate_step, reduce_retracing=True))
+        return self._steps[self._frozen]
 
     def _loss(self, inputs: Any, targets: Any, training: bool) -> tuple[Any, Any]:
         outputs = self.model(inputs, training=training)
@@ -151,6 +186,11 @@ class TensorFlowAdapter(FrameworkAdapter):
         scaling: unscale first; after a finite update grow the scale every ``dynamic_growth_steps``,
         after an overflow halve it (Keras's LossScaleOptimizer rule)."""
         grads = [tf.convert_to_tensor(g) for g in grads]
+        variables = self.trainable
+        if self._frozen:  # (read when traced) a frozen backbone gets no update at all: the head's only
+            keep = self.control.head_mask
+            grads = [g for g, k in zip(grads, keep) if k]
+            variables = [v for v, k in zip(variables, keep) if k]
         scaler = self.optimizer if self.loss_scaling else None
         if scaler is not None:
             grads = [g / tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
@@ -160,7 +200,7 @@ class TensorFlowAdapter(FrameworkAdapter):
             grads, _ = tf.clip_by_global_norm(grads, self.grad_clip_norm, use_norm=norm)
 
         def apply():
-            self.inner_optimizer.apply_gradients(zip(grads, self.trainable))
+            self.inner_optimizer.apply_gradients(zip(grads, variables))
             if scaler is not None:
                 grow = tf.equal(scaler.step_counter, scaler.dynamic_growth_steps - 1)
                 scaler.dynamic_scale.assign(tf.where(grow, scaler.dynamic_scale * 2.0, scaler.dynamic_scale))
@@ -180,6 +220,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         """One update, inside ``tf.function``: local gradients (plus the accumulated ones), the
         exchange's ``reduce``, the update, the exchange's ``after_update``."""
         with tf.GradientTape() as tape:
+            if self._frozen:  # its BatchNormalization layers are non-trainable now: watch their variables too
+                tape.watch(tf_variables(self.trainable))
             _, loss = self._loss(inputs, targets, training=True)
             scaled = self._scale_loss(loss, weight)
         grads = tape.gradient(scaled, tf_variables(self.trainable))
@@ -193,6 +235,8 @@ class TensorFlowAdapter(FrameworkAdapter):
 
     def _accumulate_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
         with tf.GradientTape() as tape:
+            if self._frozen:
+                tape.watch(tf_variables(self.trainable))
             _, loss = self._loss(inputs, targets, training=True)
             scaled = self._scale_loss(loss, weight)
         for a, g in zip(self.accumulators, tape.gradient(scaled, tf_variables(self.trainable))):
@@ -217,7 +261,9 @@ class TensorFlowAdapter(FrameworkAdapter):
         offset_seed_states(self._seed_states(), hvd.rank())
 
     def sync_model_buffers(self) -> None:
-        stats = [v for v in self.model.non_trainable_variables if v.dtype in ("float16", "bfloat16", "float32", "float64")]
+        stats = self.buffers  # a frozen backbone's statistics are equal everywhere and stay as they are
+        if self._frozen:
+            stats = [v for v in stats if id(v) not in self.control.frozen_stats]
         if not stats or hvd.size() == 1:
             return
         averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in stats], op=hvd.Average,  # distributed
@@ -235,7 +281,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.optimizer.learning_rate = lr
 
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> Any:
-        step = self._train_apply if apply_update or not self.accumulators else self._train_accumulate
+        train_apply, train_accumulate = self._step_functions()
+        step = train_apply if apply_update or not self.accumulators else train_accumulate
         weight = tf.constant(1.0 / self.accumulation if weight is None else weight, dtype=tf.float32)
         loss, applied = step(_as_tensor(inputs), tf.convert_to_tensor(targets), weight)
         if apply_update and not bool(applied):  # one host sync per update: train.nonfinite needs it
@@ -370,10 +417,10 @@ class _CoupledWeightDecay:
         super()._backend_update_step(grads, trainable_variables, learning_rate)
 
 
-class CoupledSGD(_CoupledWeightDecay, keras.optimizers.SGD):
-    """SGD as torch runs it: coupled weight decay, and momentum on the gradient with the LR
-    applied to the whole velocity (``v = m v + g; w -= lr v``). Keras folds the LR into the
-    velocity (``v = m v - lr g; w += v``), which differs whenever the LR changes (warmup, decay)."""
+class _TorchSGDStep:
+    """SGD's step as torch computes it: momentum on the gradient with the LR applied to the whole
+    velocity (``v = m v + g; w -= lr v``). Keras folds the LR into the velocity (``v = m v - lr g;
+    w += v``), which differs whenever the LR changes (warmup, decay)."""
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         if self.momentum == 0 or self.nesterov:
@@ -404,11 +451,15 @@ class _TorchAdamStep:
         self.assign_sub(variable, tf.cast(learning_rate, dtype) / (1 - tf.pow(beta_1, step)) * m / denominator)
 
 
-class CoupledAdam(_CoupledWeightDecay, _TorchAdamStep, keras.optimizers.Adam):
+class CoupledSGD(LearningRateFactors, _CoupledWeightDecay, _TorchSGDStep, keras.optimizers.SGD):
+    """SGD as torch runs it: coupled weight decay, torch's momentum (:class:`_TorchSGDStep`)."""
+
+
+class CoupledAdam(LearningRateFactors, _CoupledWeightDecay, _TorchAdamStep, keras.optimizers.Adam):
     """Adam as torch runs it: coupled weight decay, torch's epsilon placement."""
 
 
-class TorchAdamW(_TorchAdamStep, keras.optimizers.AdamW):
+class TorchAdamW(LearningRateFactors, _TorchAdamStep, keras.optimizers.AdamW):
     """AdamW (decoupled weight decay, as in torch) with torch's epsilon placement."""
 
 

@@ -23,6 +23,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
+from hvdtrain.core import finetune
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.comm import overlap_gradients
@@ -32,6 +33,7 @@ from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch.compression import Allreduce, build_exchange
+from hvdtrain.torch.finetune import LR_FACTOR, BackboneControl, head_parameters
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -100,10 +102,11 @@ class TorchAdapter(FrameworkAdapter):
         # allreduce during the backward pass, or hvdtrain's PowerSGD, top-k or local SGD around the
         # recipe's own optimizer (hvdtrain.torch.compression).
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = self._fine_tuning(task, config)
         plan = comm_plan(config)
         if plan is None:
             self.optimizer = hvd.DistributedOptimizer(
-                task.optimizer, named_parameters=self.model.named_parameters(),
+                optimizer, named_parameters=self.model.named_parameters(),
                 compression=compression, backward_passes_per_step=self.accumulation,
                 op=hvd.Adasum if self.adasum else hvd.Average,
                 # groups=1 makes this constructor a collective (it broadcasts the parameter order): a worker
@@ -111,12 +114,32 @@ class TorchAdapter(FrameworkAdapter):
                 groups=None if self.overlap or train_config.elastic else 1)
             self.exchange = Allreduce(self.optimizer, self.params)
         else:
-            self.optimizer = task.optimizer
+            self.optimizer = optimizer
             self.exchange = build_exchange(plan, self.model, self.optimizer)
             self.overlap = False  # gradients accumulate locally and are exchanged once per update
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+    control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
+    freeze_epochs = 0
+
+    def _fine_tuning(self, task: Any, config: Any) -> torch.optim.Optimizer:
+        """The recipe's optimizer, with the backbone's parameter groups at ``optim.backbone_lr_factor``
+        when that is not 1; ``self.control`` for ``model.freeze_backbone_epochs``."""
+        if not finetune.enabled(config):
+            return task.optimizer
+        if self.adasum:
+            raise ConfigError("model.freeze_backbone_epochs / optim.backbone_lr_factor do not combine with "
+                              "comm.reduction=adasum (its update is reduced, not its gradient); use average")
+        self.control = BackboneControl(self.model, head_parameters(task, self.model))
+        self.freeze_epochs = config.model.freeze_backbone_epochs
+        factor = config.optim.backbone_lr_factor
+        return task.optimizer if factor == 1.0 else self.control.split_groups(task.optimizer, factor)
+
+    def begin_epoch(self, epoch: int) -> None:
+        if self.control is not None:
+            self.control.frozen = epoch < self.freeze_epochs
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
@@ -154,7 +177,7 @@ class TorchAdapter(FrameworkAdapter):
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get(LR_FACTOR, 1.0)  # optim.backbone_lr_factor's groups
 
     def sync_model_buffers(self) -> None:
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
@@ -188,6 +211,8 @@ class TorchAdapter(FrameworkAdapter):
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True,
                    weight: float | None = None) -> torch.Tensor:
         self.model.train()
+        if self.control is not None:
+            self.control.after_train_mode()  # a frozen backbone's BatchNorm statistics stay
         inputs, targets = self._move(inputs), self._to_device(targets)
         with self._autocast():
             loss = self.task.loss_fn(self._forward(inputs), targets)
@@ -204,6 +229,9 @@ class TorchAdapter(FrameworkAdapter):
             return
         # distributed: the exchange leaves the gradient every rank applies in each p.grad
         grads = self.exchange.reduce([p.grad for p in self.params])
+        if self.control is not None and self.control.frozen:  # no update at all for a frozen backbone
+            self.control.drop_frozen_grads()
+            grads = [g for p, g in zip(self.params, grads) if not self.control.is_frozen(p)]
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [g for g in grads if g is not None]
