@@ -226,6 +226,7 @@ class Trainer:
             if resumed_here and state.carried:
                 stats.loss_sum, stats.samples = state.carried["loss_sum"], state.carried["samples"]
             skipped_before = adapter.skipped_updates
+            adapter.begin_epoch(epoch)  # fine-tuning: the backbone frozen or not in this epoch
             self._train_epoch(task, epoch, schedule, stats, position.consumed if resumed_here else 0, state)
             global_step = stats.global_step
             totals = adapter.allreduce_sums({"loss_sum": stats.loss_sum, "samples": float(stats.samples),
