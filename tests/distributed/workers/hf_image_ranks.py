@@ -1,0 +1,49 @@
+"""Worker for tests/distributed/test_hf_image_finetune.py: fine-tune a Hugging Face image model with
+the image-classification recipe under horovodrun -np 2, then compare every rank's parameters.
+
+Usage: ``hf_image_ranks.py REPORT_PATH FRAMEWORK KEY=VALUE...`` (config overrides). Rank 0 writes a
+JSON report: world size, the largest difference between any rank's parameters and rank 0's
+(``spread``), how far training moved them from the pretrained start (``moved``), the epoch history
+and the start-up banner's transform description.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import hvdtrain
+from recipes.image_classification import hf_models
+
+report_path, framework, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
+config = hvdtrain.load_config(hvdtrain.get_recipe("image-classification").defaults, overrides=overrides,
+                              recipe="image-classification", framework=framework)
+trainer = hvdtrain.Trainer(config)
+result = trainer.fit()
+model = trainer.adapter.model
+hf = hf_models.resolve(config.model.name)
+labels = sorted(p.name for p in (Path(config.data.path) / "train").iterdir())  # the class folders
+
+if framework == "torch":
+    from recipes.image_classification.hf_torch import load_model
+
+    def flat(m):
+        return np.concatenate([p.detach().double().numpy().ravel() for p in m.parameters()])
+
+    start = flat(load_model(hf, labels, config.train.seed))
+else:
+    from recipes.image_classification.hf_keras import load_model
+
+    def flat(m):
+        return np.concatenate([np.asarray(v.numpy(), np.float64).ravel() for v in m.trainable_variables])
+
+    size = hf.preprocessing.size
+    start = flat(load_model(hf, labels, config.train.seed, (size, size, 3)))
+
+mine = flat(model)
+everyone = trainer.adapter.allgather_object(mine)  # distributed: every rank's parameters, on every rank
+if trainer.ctx.rank == 0:
+    with open(report_path, "w") as f:
+        json.dump({"world_size": len(everyone), "spread": float(max(np.abs(v - mine).max() for v in everyone)),
+                   "moved": float(np.abs(mine - start).max()), "history": result.history}, f)
