@@ -2,14 +2,15 @@
 200x150, quality 90), 2 ranks under horovodrun: both frameworks learn well above chance through the
 worker-process pipeline (ImageNet transforms at 32 pixels); with ``image.bad_files=skip`` a corrupt
 file on the way is replaced by a stand-in, every rank finishes the same steps, and the count is
-reported."""
+reported; the run's export (`RUN_DIR/model`) classifies the validation photos through
+`hvdtrain predict`, agreeing with the run's last val_accuracy."""
 
 import json
 import os
 
 import pytest
 
-from jobs import horovodrun, hvdtrain_cli
+from jobs import horovodrun, hvdtrain_cli, run
 
 from benchmarks import photo_tree  # noqa: E402
 
@@ -45,3 +46,8 @@ def test_two_ranks_learn_real_photos(tmp_path, photos, framework):
     assert "imagenet: train: RandomResizedCrop 32" in proc.stdout
     if framework == "torch":
         assert "unreadable train image(s) replaced by stand-ins" in proc.stderr and "00007.JPEG" in proc.stderr
+    files = sorted((photos / "val").glob("*/*.JPEG"))
+    lines = run([hvdtrain_cli(), "predict", out, *files]).stdout.strip().splitlines()
+    assert len(lines) == len(files)
+    correct = sum(line.split("\t")[0] == file.parent.name for line, file in zip(lines, files))
+    assert abs(correct / len(files) - rows[-1]["val_accuracy"]) <= 1.01 / len(files), (correct, rows[-1])
