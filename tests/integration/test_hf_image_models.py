@@ -147,3 +147,17 @@ def test_cli_stops_before_training_naming_keys_or_file(tiny, tmp_path, problem, 
     for needle in needles:
         assert needle in error[0], error[0]
     assert not (out / "checkpoints").exists() and not (out / "model").exists()
+
+
+def test_the_export_never_replaces_a_folder_it_did_not_write(tiny, tmp_path):
+    from recipes.image_classification import export
+
+    shutil.copytree(tiny("vit"), tmp_path / "run" / "model")
+    with pytest.raises(export.ExportTargetError, match="is the model this run starts from"):
+        export.check_target(tmp_path / "run", str(tmp_path / "run" / "model"))  # --model ./model --output .
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "notes.txt").write_text("mine")
+    with pytest.raises(export.ExportTargetError, match=f"{tmp_path / 'model'} exists and is not an image model"):
+        export.check_target(tmp_path, "small_cnn")
+    (tmp_path / "model" / export.RECORD_FILE).write_text(json.dumps({"labels": [], "framework": "torch", "size": 8}))
+    export.check_target(tmp_path, "small_cnn")  # an earlier export of this run may be replaced
