@@ -59,6 +59,12 @@ def load_image_data(config, ctx):
     if num_classes < len(classes):
         raise ValueError(f"model.num_classes={num_classes} is smaller than the {len(classes)} class "
                          f"folders found in {root}")
+    if ctx.is_main and hf is not None:
+        pre = hf.preprocessing
+        print(f"hvdtrain: model: Hugging Face {hf.model_type} from {hf.path}; its preprocessing: {pre.size}x{pre.size}, "
+              f"{f'resize + centre crop {pre.crop:g}' if pre.crop else 'resize'}, mean {list(pre.mean)} std "
+              f"{list(pre.std)} (unless image.size or image.transform is set); a new {num_classes}-class head",
+              flush=True)
     if ctx.is_main:
         index = train.index
         print(f"hvdtrain: images: {len(train.index):,} train / {len(val.index):,} val files in {len(classes)} classes "
