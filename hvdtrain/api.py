@@ -149,7 +149,6 @@ def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_time
 
     import cloudpickle
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as the CLI: no TensorFlow start-up chatter
     key = secrets.token_bytes(32)
     channel = jobchannel.Channel(jobchannel.channel_address(hosts, network_interfaces), key,
                                  cloudpickle.dumps((config, spec)))
@@ -203,7 +202,6 @@ def _plain(value: Any) -> Any:
 
 def _worker(config: RunConfig, spec: RecipeSpec, channel: tuple[str, int, bytes]) -> RunResult | None:
     """What each worker runs: register the shipped recipe, train, report a failure before dying."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
         register_spec(spec, replace=True)

@@ -48,4 +48,3 @@ def main() -> None:
 
     Run alone, or start N workers with: horovodrun -np N hvdtrain recipe NAME ...
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's INFO/WARNING start-up chatter
