@@ -160,7 +160,9 @@ class Trainer:
             result = self._run_epochs(task, state)
         self.hooks.on_train_end(result)  # the recipe's export first
         final = result.final
-        self.gate.print(f"hvdtrain: done {cfg.recipe}/{cfg.framework} np={self.ctx.size} epochs={cfg.train.epochs} "
+        stopped = (final.get("early_stopping") or {}).get("stopped")
+        epochs = f"{final['epoch']}/{cfg.train.epochs} (stopped early)" if stopped else cfg.train.epochs
+        self.gate.print(f"hvdtrain: done {cfg.recipe}/{cfg.framework} np={self.ctx.size} epochs={epochs} "
                         + " ".join(f"{k}={final[k]:.4f}" for k in final if k.startswith("val_"))
                         + (f" samples/s={final['samples_per_sec']:.0f}" if final else "")
                         + f" output={output}")
