@@ -53,7 +53,7 @@ def test_stops_after_patience_epochs_without_improvement_and_ends_cleanly(tmp_pa
     out = capsys.readouterr().out
     stop_lines = [line for line in out.splitlines() if "early stopping" in line]
     assert stop_lines == ["hvdtrain: early stopping after epoch 5 of 10: " + last["reason"]]
-    assert "hvdtrain: done" in out
+    assert "hvdtrain: done toy/torch np=1 epochs=5/10 (stopped early)" in out
 
 
 def test_min_delta_and_a_loss_metric_minimised_by_default(tmp_path):
