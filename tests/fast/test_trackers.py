@@ -67,7 +67,7 @@ def test_one_run_across_an_interruption_and_a_resume(tmp_path, mlflow_uri, wandb
         fit(out, *common, callbacks=[StopAt(16)])  # 12 steps per epoch: in epoch 2, after a checkpoint at step 15
     wandb.teardown()  # the interrupted "process" ends: W&B's exit hook closes its run
     first = read_runs(out)
-    assert first["mlflow"]["epoch"] == 1 and first["wandb"]["epoch"] == 1
+    assert first["mlflow"]["epochs"] == 1 and first["wandb"]["epochs"] == 1
     resumed = fit(out, *common, "checkpoint.resume=true")
     assert read_runs(out)["mlflow"]["run_id"] == first["mlflow"]["run_id"]
     assert read_runs(out)["wandb"]["run_id"] == first["wandb"]["run_id"]
@@ -101,24 +101,25 @@ def test_one_run_across_an_interruption_and_a_resume(tmp_path, mlflow_uri, wandb
     assert wb["config"]["train.epochs"] == "3" and wb["config"]["hvdtrain.framework"] == "torch"
 
 
-def test_epochs_missed_by_a_tracker_are_caught_up_on_resume(tmp_path, mlflow_uri):
-    """A kill between the metrics.jsonl line and the tracker's log: the resume logs that epoch first."""
+def test_epochs_a_run_lacks_are_caught_up_on_resume(tmp_path, mlflow_uri):
+    """The tracker's run lacks an epoch metrics.jsonl has (a process killed before it was sent): the
+    resume asks the server what the run holds and logs the missing epoch first, the new ones after."""
     from mlflow import MlflowClient
 
-    out = tmp_path / "catchup"
-    common = ("train.epochs=2", "log.trackers=mlflow", f"log.mlflow_tracking_uri={mlflow_uri}",
-              "log.mlflow_experiment=fast-catchup")
-    fit(out, *common, "train.epochs=1")
-    runs = read_runs(out)
-    runs["mlflow"]["epoch"] = 0  # as if the process died before the tracker got epoch 1
     from hvdtrain.observability.trackers.runfile import write_runs
-    write_runs(out, runs)
-    client = MlflowClient(mlflow_uri)
-    client.delete_tag(runs["mlflow"]["run_id"], "hvdtrain.world_size")
-    fit(out, *common, "checkpoint.resume=true")
-    history = mlflow_history(client, runs["mlflow"]["run_id"], "train_loss")
-    assert [s for s, _ in history] == [1, 1, 2]  # epoch 1 again (it was missing), epoch 2 once
-    assert len(runs_named(client, "fast-catchup", "catchup")) == 1
+
+    out, client = tmp_path / "catchup", MlflowClient(mlflow_uri)
+    common = ("log.trackers=mlflow", f"log.mlflow_tracking_uri={mlflow_uri}", "log.mlflow_experiment=fast-catchup")
+    fit(out, *common, "train.epochs=1")
+    experiment = client.get_experiment_by_name("fast-catchup").experiment_id
+    empty = client.create_run(experiment, run_name="catchup").info.run_id  # holds nothing yet
+    client.delete_run(read_runs(out)["mlflow"]["run_id"])
+    write_runs(out, {"mlflow": {"run_id": empty}})
+    resumed = fit(out, *common, "train.epochs=2", "checkpoint.resume=true")
+    history = mlflow_history(client, empty, "train_loss")
+    assert [s for s, _ in history] == [1, 2]
+    assert [v for _, v in history] == pytest.approx([r["train_loss"] for r in resumed.metrics()])
+    assert [r.info.run_id for r in runs_named(client, "fast-catchup", "catchup")] == [empty]
 
 
 def test_an_unreachable_mlflow_server_stops_the_run_before_training(tmp_path):

@@ -43,6 +43,11 @@ class Tracker:
         """Start a new run (``run_id`` None) or continue ``run_id``; log ``params`` and ``tags``."""
         raise NotImplementedError
 
+    def logged(self) -> tuple[set[int], int]:
+        """What the (reopened) run already holds: its epochs and its last global step of step
+        metrics (-1: none), as the tracker itself tells (its server, its files)."""
+        return set(), -1
+
     def set_tags(self, tags: dict[str, str]) -> None:
         """Set (or update) the run's tags."""
 

@@ -16,6 +16,17 @@ from hvdtrain.observability.trackers.runfile import read_runs, write_runs
 EPOCH_SKIP_KEYS = ("epoch", "world_size", "step")
 
 
+def _ranges(numbers: list[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
+    parts: list[str] = []
+    for n in numbers:
+        if parts and int(parts[-1].split("-")[-1]) == n - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts)
+
+
 def make_tracker(name: str, config: Any, output: Path) -> Tracker:
     """The tracker called ``name`` (its package imported now)."""
     if name == "mlflow":
@@ -40,7 +51,8 @@ class TrackersCallback(Callback):
     def __init__(self, config: Any):
         self.names = [n for n in parse_trackers(config.log.trackers) if n in REMOTE_TRACKERS]
         self.trackers: dict[str, Tracker] = {}
-        self.runs: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, dict[str, Any]] = {}  # name -> {"run_id", "step": last step logged}
+        self.logged: dict[str, set[int]] = {}  # name -> the epochs the run holds
         self.main, self.output, self.every = False, Path(config.output), config.train.log_every
 
     # -- opening ---------------------------------------------------------------------------------
@@ -65,13 +77,13 @@ class TrackersCallback(Callback):
             tracker = make_tracker(name, config, self.output)
             run_id = tracker.open(previous.get("run_id"), run_name, params, tags)
             self.trackers[name] = tracker
-            self.runs[name] = {"run_id": run_id, "epoch": int(previous.get("epoch", 0)),
-                               "step": int(previous.get("step", -1))}
+            epochs, step = tracker.logged() if previous else (set(), -1)
+            self.logged[name], self.runs[name] = epochs, {"run_id": run_id, "step": step}
             if not previous:
                 self.gate.print(f"hvdtrain: {name} run {run_id}" + self._where(name, tracker))
             else:
-                self.gate.print(f"hvdtrain: {name} run {run_id} continued (epochs 1-{self.runs[name]['epoch']} "
-                                f"already logged)")
+                self.gate.print(f"hvdtrain: {name} run {run_id} continued (epochs it holds: "
+                                f"{_ranges(sorted(epochs)) or 'none'})")
         self._save()
         self._catch_up(int(info["start_epoch"]))
 
@@ -107,11 +119,10 @@ class TrackersCallback(Callback):
         number = int(record.get("epoch", 0))
         values = numbers(record, EPOCH_SKIP_KEYS)
         for name in list(self.trackers):
-            if number > self.runs[name]["epoch"]:
+            if number not in self.logged[name]:
                 self._call(name, lambda t: t.log_metrics(values, number, "epoch"))
-                if name in self.runs:
-                    self.runs[name]["epoch"] = number
-                    self.runs[name]["step"] = max(self.runs[name]["step"], int(record.get("step", -1)))
+                if name in self.trackers:
+                    self.logged[name].add(number)
         self._save()
 
     def on_train_end(self, result: Any) -> None:
@@ -151,7 +162,7 @@ class TrackersCallback(Callback):
 
     def _save(self) -> None:
         if self.runs:
-            write_runs(self.output, self.runs)
+            write_runs(self.output, {name: {**run, "epochs": len(self.logged[name])} for name, run in self.runs.items()})
 
     def _close(self, finished: bool) -> None:
         for name in list(self.trackers):

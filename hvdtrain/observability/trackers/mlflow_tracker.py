@@ -1,7 +1,9 @@
 """MLflow, through its own client (``mlflow-skinny`` is enough): one run in ``log.mlflow_experiment``.
 
-Metrics go through MLflow's asynchronous ``log_batch`` (a background thread of MLflow's sends
-them), so a slow server never holds a training step; ``close`` waits for them. On a resume the
+Step metrics go through MLflow's asynchronous ``log_batch`` (a background thread of MLflow's sends
+them), so a slow server never holds a training step; an epoch's metrics are sent at once (one
+request per epoch), so an epoch counted as logged is on the server. A resumed run asks the server
+which epochs and steps it already holds (:meth:`MlflowTracker.logged`). On a resume the
 params already in the run are kept (MLflow's params cannot change): a changed value is recorded as
 the tag ``hvdtrain.resumed.<key>``.
 """
@@ -61,6 +63,11 @@ class MlflowTracker(Tracker):
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in {**tags, **changed}.items()])
         return run_id
 
+    def logged(self) -> tuple[set[int], int]:
+        epochs = {int(m.step) for m in self.client.get_metric_history(self.run_id, "train_loss")}
+        steps = [int(m.step) for m in self.client.get_metric_history(self.run_id, "step/loss")]
+        return epochs, max(steps, default=-1)
+
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
@@ -71,6 +78,10 @@ class MlflowTracker(Tracker):
 
         now = int(time.time() * 1000)
         batch = [Metric(f"{kind}/{k}" if kind == "step" else k, v, now, int(step)) for k, v in metrics.items()]
+        if kind == "epoch":  # once per epoch: sent before the epoch counts as logged
+            self._drain()
+            self.client.log_batch(self.run_id, metrics=batch)
+            return
         self.pending.append(self.client.log_batch(self.run_id, metrics=batch, synchronous=False))
         if len(self.pending) > 64:
             self._drain(done_only=True)

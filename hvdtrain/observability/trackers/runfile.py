@@ -1,9 +1,9 @@
 """``<output>/trackers.json``: which tracker run a job's output belongs to, and how far it was logged.
 
-``{"mlflow": {"run_id": ..., "epoch": 3, "step": 150}, "wandb": {...}}``: ``epoch`` is the last
-epoch whose metrics the tracker got, ``step`` the last global step of the step metrics. A resumed
-job (or an elastic re-form whose rank 0 is another process) reopens the run under that id and
-logs only what comes after. Written by rank 0 with :func:`~hvdtrain.core.durable.atomic_write_text`.
+``{"mlflow": {"run_id": ..., "epochs": 3, "step": 150}, "wandb": {...}}`` (``epochs`` and ``step``:
+how many epochs and up to which global step this process logged, for people reading it). A resumed
+job (or an elastic re-form whose rank 0 is another process) reopens the run under that id, asks the
+tracker which epochs it really holds (a killed process loses what it had not sent) and logs the rest. Written by rank 0 with :func:`~hvdtrain.core.durable.atomic_write_text`.
 """
 
 from __future__ import annotations

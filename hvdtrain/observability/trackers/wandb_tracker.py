@@ -5,14 +5,18 @@ epoch metrics keep their ``metrics.jsonl`` names against ``epoch`` (``define_met
 x axes never fight over W&B's own step counter, and a resumed run (``resume="allow"`` with the id
 from trackers.json) may log again from where it left off. Offline runs land in
 ``<output>/wandb/offline-run-*`` (``wandb sync`` uploads them); their ``.wandb`` files hold the
-records.
+records; a resumed run reads them to know which epochs W&B really got (:mod:`.wandb_files`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pathlib import Path
+
 from hvdtrain.observability.trackers.base import Tracker
+
+FLUSH_INTERVAL_SEC = 1.0  # how often W&B writes its run file (its default, 15 s, loses more to a kill)
 
 
 class WandbTracker(Tracker):
@@ -31,7 +35,8 @@ class WandbTracker(Tracker):
                               resume="allow" if run_id else None, config=params, allow_val_change=True,
                               reinit="create_new",
                               settings=wandb.Settings(console="off", x_disable_stats=True, silent=True,
-                                                      save_code=False, disable_git=True))
+                                                      save_code=False, disable_git=True,
+                                                      x_transaction_log_flush_interval=FLUSH_INTERVAL_SEC))
         self.run.define_metric("global_step", hidden=True)
         self.run.define_metric("step/*", step_metric="global_step")
         self.run.define_metric("epoch", hidden=True)
@@ -39,6 +44,12 @@ class WandbTracker(Tracker):
             self.run.define_metric(key, step_metric="epoch")
         self.set_tags(tags)
         return self.run.id
+
+    def logged(self) -> tuple[set[int], int]:
+        from hvdtrain.observability.trackers.wandb_files import logged
+
+        # the earlier pieces' files (this piece's own file is still being written)
+        return logged(Path(self.run.settings.wandb_dir), self.run.id)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.run.config.update(tags, allow_val_change=True)
