@@ -53,11 +53,13 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
 
         model = hf_keras.load_model(hf, labels, config.train.seed, shape)
         blocks = None
+        head = lambda: model.get_layer(hf_models.HEAD_NAME).trainable_variables  # noqa: E731  (fine-tuning)
         mean, std = hf.preprocessing.mean, hf.preprocessing.std
     else:
         inner = own_model(config, train, shape, num_classes)
         model = normalize_inputs(inner, shape)
         blocks = lambda: stage_blocks(inner, shape)  # noqa: E731  (parallel.pipeline_stages > 1)
+        head = None  # the adapter finds the output Dense
         mean, std = (GRAY_MEAN, GRAY_STD) if train.channels == 1 else (RGB_MEAN, RGB_STD)
     record = export.make_record(labels=labels, framework="tensorflow", source="huggingface" if hf else "hvdtrain",
                                 model=hf.model_type if hf else model_name(config, train), policy=train.policy,
@@ -77,6 +79,7 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         if config.parallel.pipeline_stages <= 1 else None,
         info={"labels": labels},
         pipeline_blocks=blocks,
+        head=head,
     )
 
 

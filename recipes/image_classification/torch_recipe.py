@@ -42,12 +42,13 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         from recipes.image_classification import hf_torch
 
         model = hf_torch.load_model(hf, labels, config.train.seed)
-        blocks = None
+        blocks, head = None, lambda: list(model.model.classifier.parameters())  # noqa: E731  (fine-tuning controls)
         mean, std = hf.preprocessing.mean, hf.preprocessing.std
     else:
         inner = own_model(config, train, num_classes)
         model = normalize_inputs(inner)
         blocks = lambda: stage_blocks(model)  # noqa: E731  (parallel.pipeline_stages > 1)
+        head = None  # the module named head (hvdtrain's ResNets) or classifier
         mean, std = (GRAY_MEAN, GRAY_STD) if train.channels == 1 else (RGB_MEAN, RGB_STD)
     record = export.make_record(labels=labels, framework="torch", source="huggingface" if hf else "hvdtrain",
                                 model=hf.model_type if hf else model_name(config, train), policy=train.policy,
@@ -73,6 +74,7 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         if config.parallel.pipeline_stages <= 1 else None,
         info={"labels": labels},
         pipeline_blocks=blocks,
+        head=head,
     )
 
 

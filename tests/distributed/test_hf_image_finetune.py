@@ -3,7 +3,8 @@
 TensorFlow (keras-hub), each saved with ``save_pretrained`` and a hub-style preprocessor config,
 on a small ImageFolder tree of colour PNGs.
 
-* after 2 epochs the parameters are identical on both ranks and moved from the pretrained start;
+* after 2 epochs the parameters are identical on both ranks and moved from the pretrained start
+  (torch with ``model.freeze_backbone_epochs=2``: only the ``classifier`` head moved);
   the run used the checkpoint's preprocessing (ConvNeXt: resize + centre crop; ViT: squash);
 * the export (`RUN_DIR/model`) is written and `hvdtrain predict RUN_DIR IMAGE...` classifies every
   validation file with it, agreeing with the run's last val_accuracy (same transform, same
@@ -29,6 +30,7 @@ pytest.importorskip("keras_hub")
 from hf_image_tiny import color_tree, save_tiny_model  # noqa: E402
 
 MODELS = {"torch": ("convnext", "imagenet: train: RandomResizedCrop 32"), "tensorflow": ("vit", "pad-crop")}
+FROZEN = {"torch": 2, "tensorflow": 0}  # torch trains only the head (model.freeze_backbone_epochs), TensorFlow all
 QUIET = {"train.log_every": 0, "train.progress_bar": False, "train.tensorboard": False}
 
 
@@ -49,7 +51,7 @@ def test_two_ranks_fine_tune_a_hf_model_then_predict_files(tmp_path, tree, frame
     model = save_tiny_model(tmp_path / model_type, model_type)
     out, report_path = tmp_path / "run", tmp_path / "report.json"
     settings = {"model.name": model, "data.path": tree, "output": out, "train.epochs": 2, "train.batch_size": 8,
-                "optim.lr": 0.02, "image.workers": 1, **QUIET}
+                "optim.lr": 0.02, "image.workers": 1, "model.freeze_backbone_epochs": FROZEN[framework], **QUIET}
     proc = horovodrun(["python", WORKERS / "hf_image_ranks.py", report_path, framework,
                        *[f"{k}={v}" for k, v in settings.items()]], timeout=400,
                       env={"HVDTRAIN_DATA_CACHE": str(tmp_path / "cache")})
@@ -57,6 +59,8 @@ def test_two_ranks_fine_tune_a_hf_model_then_predict_files(tmp_path, tree, frame
     assert report["world_size"] == 2
     assert report["moved"] > 1e-4, "training did not change the parameters: the spread check proves nothing"
     assert report["spread"] == 0.0
+    assert report["head_moved"] > 1e-4  # the head is found by the recipe's TrainTask.head (HF: `classifier`)
+    assert (report["backbone_moved"] == 0.0) if FROZEN[framework] else (report["backbone_moved"] > 1e-3), report
     assert len(report["history"]) == 2
     assert f"32x32x3, {transform}" in proc.stdout, proc.stdout  # the checkpoint's size and resize/crop
 

@@ -3,8 +3,8 @@ the image-classification recipe under horovodrun -np 2, then compare every rank'
 
 Usage: ``hf_image_ranks.py REPORT_PATH FRAMEWORK KEY=VALUE...`` (config overrides). Rank 0 writes a
 JSON report: world size, the largest difference between any rank's parameters and rank 0's
-(``spread``), how far training moved them from the pretrained start (``moved``), the epoch history
-and the start-up banner's transform description.
+(``spread``), how far training moved them from the pretrained start (``moved``: all, ``head_moved``:
+the classifier's; ``backbone_moved``: the summed change of every other parameter) and the epoch history.
 """
 
 import json
@@ -28,22 +28,27 @@ labels = sorted(p.name for p in (Path(config.data.path) / "train").iterdir())  #
 if framework == "torch":
     from recipes.image_classification.hf_torch import load_model
 
-    def flat(m):
-        return np.concatenate([p.detach().double().numpy().ravel() for p in m.parameters()])
+    def flat(m, head=False):
+        params = m.model.classifier.parameters() if head else m.parameters()
+        return np.concatenate([p.detach().double().numpy().ravel() for p in params])
 
-    start = flat(load_model(hf, labels, config.train.seed))
+    initial = load_model(hf, labels, config.train.seed)
 else:
     from recipes.image_classification.hf_keras import load_model
 
-    def flat(m):
-        return np.concatenate([np.asarray(v.numpy(), np.float64).ravel() for v in m.trainable_variables])
+    def flat(m, head=False):
+        variables = m.get_layer(hf_models.HEAD_NAME).trainable_variables if head else m.trainable_variables
+        return np.concatenate([np.asarray(v.numpy(), np.float64).ravel() for v in variables])
 
     size = hf.preprocessing.size
-    start = flat(load_model(hf, labels, config.train.seed, (size, size, 3)))
+    initial = load_model(hf, labels, config.train.seed, (size, size, 3))
 
-mine = flat(model)
+mine, start = flat(model), flat(initial)
+head_moved = float(np.abs(flat(model, head=True) - flat(initial, head=True)).max())
 everyone = trainer.adapter.allgather_object(mine)  # distributed: every rank's parameters, on every rank
 if trainer.ctx.rank == 0:
     with open(report_path, "w") as f:
         json.dump({"world_size": len(everyone), "spread": float(max(np.abs(v - mine).max() for v in everyone)),
-                   "moved": float(np.abs(mine - start).max()), "history": result.history}, f)
+                   "moved": float(np.abs(mine - start).max()), "head_moved": head_moved,
+                   "backbone_moved": float(np.abs(mine - start).sum() - np.abs(flat(model, True) - flat(initial, True)).sum()),
+                   "history": result.history}, f)
