@@ -1,6 +1,7 @@
 """Fault injection for hvdtrain's own reliability tests (and for users who want to see a failure).
 
-Set ``HVDTRAIN_FAULT`` to one or more comma-separated faults, ``KIND[:rank=R][:step=S][:ms=M]``:
+Set ``HVDTRAIN_FAULT`` to one or more comma-separated faults, ``KIND[:rank=R][:step=S][:ms=M][:size=N]``
+(``size=N``: only while the job has N workers, e.g. a survivor slowed only until the lost host rejoins):
 
 * ``raise``  raise an exception on rank R before global step S;
 * ``kill``   ``kill -9`` this worker (SIGKILL to itself) before step S;
@@ -28,7 +29,7 @@ from typing import Any
 from hvdtrain.core.callbacks import Callback
 
 KINDS = ("raise", "kill", "hang", "slow", "nan", "crash-in-checkpoint", "kill-at-sync")
-FIELDS = ("rank", "step", "ms")
+FIELDS = ("rank", "step", "ms", "size")
 
 
 class InjectedFault(RuntimeError):
@@ -38,16 +39,21 @@ class InjectedFault(RuntimeError):
 @dataclass(frozen=True)
 class Fault:
     """One fault: what, on which rank (None: all), at which global step (None: any; ``slow``: from
-    that step on), and for ``slow`` how long each step is delayed."""
+    that step on), for ``slow`` how long each step is delayed, and in a job of how many workers
+    (None: any)."""
 
     kind: str
     rank: int | None = None
     step: int | None = None
     ms: int = 100
+    size: int | None = None
 
-    def matches(self, kind: str, rank: int, step: int) -> bool:
-        """True if this fault fires for ``kind`` on ``rank`` at ``step``."""
+    def matches(self, kind: str, rank: int, step: int, size: int | None = None) -> bool:
+        """True if this fault fires for ``kind`` on ``rank`` at ``step`` in a job of ``size`` workers
+        (None: the size is not known here, so ``size=`` does not filter)."""
         if self.kind != kind or self.rank not in (None, rank):
+            return False
+        if self.size is not None and size is not None and size != self.size:
             return False
         if self.step is None:
             return True
@@ -65,7 +71,7 @@ def parse_faults(text: str | None) -> list[Fault]:
         for field in fields:
             key, _, value = field.partition("=")
             if key not in FIELDS or not value.isdigit():
-                raise ValueError(f"HVDTRAIN_FAULT: bad field {field!r} in {item!r}; use rank=N, step=N or ms=N")
+                raise ValueError(f"HVDTRAIN_FAULT: bad field {field!r} in {item!r}; use rank=N, step=N, ms=N or size=N")
             values[key] = int(value)
         faults.append(Fault(kind, **values))
     return faults
@@ -80,21 +86,21 @@ def load_faults() -> None:
     _FAULTS = parse_faults(os.environ.get("HVDTRAIN_FAULT"))
 
 
-def active(kind: str, rank: int, step: int) -> bool:
-    """True if a fault of ``kind`` is set for this rank and step."""
-    return any(f.matches(kind, rank, step) for f in _FAULTS)
+def active(kind: str, rank: int, step: int, size: int | None = None) -> bool:
+    """True if a fault of ``kind`` is set for this rank and step (in a job of ``size`` workers)."""
+    return any(f.matches(kind, rank, step, size) for f in _FAULTS)
 
 
-def before_step(rank: int, step: int) -> None:
+def before_step(rank: int, step: int, size: int | None = None) -> None:
     """Fire ``raise``, ``kill``, ``hang`` or ``slow`` faults due before global step ``step``."""
     for fault in _FAULTS:
-        if fault.matches("slow", rank, step):
+        if fault.matches("slow", rank, step, size):
             time.sleep(fault.ms / 1000)
-    if active("raise", rank, step):
+    if active("raise", rank, step, size):
         raise InjectedFault(f"injected failure on rank {rank} at step {step} (HVDTRAIN_FAULT)")
-    if active("kill", rank, step):
+    if active("kill", rank, step, size):
         os.kill(os.getpid(), signal.SIGKILL)
-    if active("hang", rank, step):
+    if active("hang", rank, step, size):
         while True:
             time.sleep(3600)
 
@@ -122,12 +128,14 @@ class FaultInjection(Callback):
     so its gradients are NaN whatever the inputs' dtype."""
 
     rank = 0
+    size: int | None = None
 
     def on_train_begin(self, ctx: Any, info: dict[str, Any]) -> None:
         load_faults()  # the variable as it is when training starts, not when this module was imported
-        self.rank = ctx.rank  # again after an elastic re-form: faults name the rank of the moment
+        # again after an elastic re-form: faults name the rank and world size of the moment
+        self.rank, self.size = ctx.rank, ctx.size
 
     def on_step_begin(self, epoch: int, step: int, logs: dict[str, Any]) -> None:
-        before_step(self.rank, logs["global_step"])
-        if active("nan", self.rank, logs["global_step"]):
+        before_step(self.rank, logs["global_step"], self.size)
+        if active("nan", self.rank, logs["global_step"], self.size):
             logs["weight"] = float("nan")

@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(2400),
               pytest.mark.skipif(bool(WHY_NOT), reason=f"no Docker: {WHY_NOT}")]
 
 DATA = "/shared/data/mnist-imagefolder"
-TRAIN = ["--data", DATA, "--batch-size", "32", "--set", "data.max_train_samples=2048",
+TRAIN = ["--data", DATA, "--batch-size", "32", "--set", "data.max_train_samples=1024",
          "--set", "data.max_val_samples=256", "--set", "train.log_every=0"]
 WORKERS_LINE = "hvdtrain: workers on h1 (ranks 0-1), h2 (ranks 2-3)"
 
@@ -148,7 +148,7 @@ def test_python_api_across_hosts(cluster):
     code = ("import json, hvdtrain\n"
             "r = hvdtrain.run('image-classification', framework='torch', np=4, hosts='h1:2,h2:2', ssh_port=2222,\n"
             f"    output='/shared/runs/api', data__path='{DATA}', train__epochs=2, train__batch_size=32,\n"
-            "    data__max_train_samples=2048, data__max_val_samples=256, train__log_every=0)\n"
+            "    data__max_train_samples=1024, data__max_val_samples=256, train__log_every=0)\n"
             "print('RESULT', json.dumps({'epochs': [h['epoch'] for h in r.history], 'checkpoint': str(r.checkpoint)}))\n")
     proc = cluster.exec("h1", "python", "-c", code, timeout=600)
     result = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
@@ -174,9 +174,10 @@ def test_elastic_host_killed_then_rejoins(cluster):
     cluster.exec("h1", "bash", "-c", f"cat > /shared/discover.sh <<'EOF'\n{DISCOVER}EOF\nchmod +x /shared/discover.sh")
     cluster.add_host("h0")
     cluster.wait_ssh("h0")
-    # 2,048 samples / 4 ranks / batch 16 = 32 steps per epoch; a host dies at rank 0's step 8. From
-    # step 6 rank 0 sleeps 300 ms a step, so the 2 survivors (64 steps per epoch) still train when
-    # the host is back (restart, sshd, Horovod's 5-10 s blacklist cool-down).
+    # 2,048 samples / 4 ranks / batch 16 = 32 steps per epoch; a host dies at rank 0's step 8. While
+    # the 2 survivors (64 steps per epoch) work alone, rank 0 sleeps 300 ms a step (size=2), so they
+    # still train when the host is back (restart, sshd, Horovod's 5-10 s blacklist cool-down); once
+    # it has rejoined, the 4 train at full speed.
     proc = cluster.popen("h0", "horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4", "-p", str(SSH_PORT),
                          "--host-discovery-script", "/shared/discover.sh", "--blacklist-cooldown-range", "5", "10",
                          "hvdtrain", "recipe", "image-classification", "--framework", "torch", "--elastic",
@@ -184,7 +185,7 @@ def test_elastic_host_killed_then_rejoins(cluster):
                          "--set", "data.max_train_samples=2048", "--set", "data.max_val_samples=256",
                          "--set", "train.log_every=4", "--set", "train.elastic_commit_every=2",
                          "--set", "train.stall_timeout_sec=120",
-                         env={"HVDTRAIN_FAULT": "slow:rank=0:step=6:ms=300"})
+                         env={"HVDTRAIN_FAULT": "slow:rank=0:step=6:ms=300:size=2"})
     lines: list[str] = []
     events: dict[str, float] = {}
     hosts: dict[str, str] = {}

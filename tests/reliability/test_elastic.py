@@ -13,9 +13,10 @@ import pytest
 from jobs import BIN, hvdtrain_cli, run
 
 # 2,048 samples / 2 ranks / batch 16 = 64 steps per epoch; commit every 2 steps; kill rank 1 before
-# step 10. The survivor is slowed by 100 ms a step from then on (HVDTRAIN_FAULT slow), so working alone
-# it needs at least 36 s for what is left, well beyond the host's 5-10 s cool-down and return:
-# without it a fast machine finished the run before the host came back.
+# step 10. The survivor is slowed by 100 ms a step while it works alone (HVDTRAIN_FAULT slow with
+# size=1), so it would need at least 36 s for what is left, well beyond the host's 5-10 s cool-down
+# and return: without it a fast machine finished the run before the host came back. Once the host
+# has rejoined, the two train at full speed.
 ARGS = ["--batch-size", "16", "--set", "data.max_train_samples=2048", "--set", "data.max_val_samples=64",
         "--set", "train.log_every=0", "--epochs", "3", "--elastic", "--set", "train.elastic_commit_every=2",
         "--set", "train.stall_timeout_sec=60"]
@@ -47,7 +48,7 @@ def test_worker_killed_then_host_rejoins(tmp_path, framework):
     proc = run([BIN / "horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", discover,
                 "--network-interfaces", "lo", "--blacklist-cooldown-range", "5", "10",
                 hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--output", out, *ARGS],
-               env={"HVDTRAIN_FAULT": "kill:rank=1:step=10,slow:rank=0:step=10:ms=100"}, timeout=420)
+               env={"HVDTRAIN_FAULT": "kill:rank=1:step=10,slow:rank=0:step=10:ms=100:size=1"}, timeout=420)
     # the last commit before the kill was at step 10: 10 steps x 16 samples x 2 workers
     assert "re-formed with 1 worker(s); continuing at epoch 1, after 320 samples" in proc.stdout
     assert "re-formed with 2 worker(s)" in proc.stdout

@@ -26,6 +26,13 @@ def test_slow_fires_from_its_step_on_and_others_only_at_it():
     assert not slow.matches("slow", 1, 7) and not slow.matches("kill", 0, 7)
 
 
+def test_size_limits_a_fault_to_a_job_of_that_many_workers():
+    """``slow:...:size=1``: a survivor slowed only while it is alone, not after the host rejoins."""
+    (slow,) = parse_faults("slow:rank=0:step=5:size=1")
+    assert slow == Fault("slow", rank=0, step=5, size=1)
+    assert [slow.matches("slow", 0, 7, size) for size in (1, 2, None)] == [True, False, True]
+
+
 def test_fault_injection_callback_poisons_the_weight_and_raises_on_its_rank_and_step(monkeypatch):
     from types import SimpleNamespace
 
@@ -34,7 +41,7 @@ def test_fault_injection_callback_poisons_the_weight_and_raises_on_its_rank_and_
     monkeypatch.setenv("HVDTRAIN_FAULT", "nan:rank=1:step=3,raise:rank=1:step=5")  # read at on_train_begin
     monkeypatch.setattr(faults, "_FAULTS", [])
     callback = faults.FaultInjection()
-    callback.on_train_begin(SimpleNamespace(rank=1), {})
+    callback.on_train_begin(SimpleNamespace(rank=1, size=2), {})
     weights = []
     for step in range(5):
         logs = {"global_step": step, "weight": 0.5}
@@ -44,7 +51,7 @@ def test_fault_injection_callback_poisons_the_weight_and_raises_on_its_rank_and_
     with pytest.raises(faults.InjectedFault, match="rank 1 at step 5"):
         callback.on_step_begin(0, 5, {"global_step": 5, "weight": 0.5})
 
-    callback.on_train_begin(SimpleNamespace(rank=0), {})  # another rank (or after an elastic re-form)
+    callback.on_train_begin(SimpleNamespace(rank=0, size=2), {})  # another rank (or after an elastic re-form)
     logs = {"global_step": 3, "weight": 0.5}
     callback.on_step_begin(0, 3, logs)
     callback.on_step_begin(0, 5, {"global_step": 5, "weight": 0.5})
