@@ -39,11 +39,12 @@ def available() -> bool:
 
 
 def make_tree(root: str | Path, classes: int = 4, train: int = 40, val: int = 10, size: tuple[int, int] = (500, 375),
-              quality: int = 90, seed: int = 0) -> Path:
-    """Write ``root/{train,val}/<photo>/<n>.JPEG``: ``train``/``val`` images per class of ``size`` (W, H)."""
+              quality: int = 90, seed: int = 0, photos: tuple[str, ...] = PHOTOS) -> Path:
+    """Write ``root/{train,val}/<photo>/<n>.JPEG``: ``train``/``val`` images per class of ``size`` (W, H),
+    the classes being the first ``classes`` of ``photos`` (file names in scikit-image's data folder)."""
     root = Path(root)
     rng = np.random.default_rng(seed)
-    for name in PHOTOS[:classes]:
+    for name in photos[:classes]:
         with Image.open(photo_dir() / name) as img:
             source = img.convert("RGB")
         width, height = source.size
