@@ -1,0 +1,65 @@
+"""What the experiment trackers cost: samples/s with ``log.trackers=tensorboard,mlflow,wandb``
+against ``tensorboard`` alone, in interleaved 2-rank jobs (A B A B ...) on the same data.
+
+Each round runs the image-classification recipe (torch, small CNN, MNIST, ``horovodrun -np 2
+--gloo``) once with TensorBoard only (A) and once with TensorBoard, MLflow (a real server on loopback
+started from scripts/mlflow-server.sh, SQLite backend) and W&B offline (B), ``train.log_every=5``
+(ten times the default's step logging). It reads the last epoch's ``samples_per_sec`` from each
+job's metrics.jsonl (the first epoch holds the warm-up) and prints the median of each and of the
+per-round ratios B/A::
+
+    .venv/bin/python benchmarks/trackers_overhead.py [ROUNDS] [FRAMEWORK]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from trackers_support import mlflow_server  # noqa: E402
+
+BIN = Path(sys.executable).parent
+JOB = ["--epochs", "2", "--batch-size", "32", "--set", "data.max_train_samples=6144", "--set",
+       "data.max_val_samples=512", "--set", "train.log_every=5", "--set", "checkpoint.enabled=false"]
+
+
+def job(framework: str, output: Path, trackers: str, env: dict[str, str]) -> float:
+    """Last epoch's samples/s of one 2-rank job."""
+    subprocess.run([BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", BIN / "hvdtrain", "recipe",
+                    "image-classification", "--framework", framework, "--output", output, *JOB,
+                    "--set", f"log.trackers={trackers}"], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows[-1]["samples_per_sec"]
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    framework = sys.argv[2] if len(sys.argv) > 2 else "torch"
+    with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp) / "mlflow") as uri:
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "MLFLOW_TRACKING_URI": uri,
+               "MLFLOW_DISABLE_TELEMETRY": "true", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+               "WANDB_CONFIG_DIR": f"{tmp}/wandb-config", "WANDB_CACHE_DIR": f"{tmp}/wandb-cache"}
+        a, b = [], []
+        for n in range(rounds):
+            a.append(job(framework, Path(tmp) / f"a{n}", "tensorboard", env))
+            b.append(job(framework, Path(tmp) / f"b{n}", "tensorboard,mlflow,wandb", env))
+            print(f"round {n + 1}: tensorboard {a[-1]:.0f} samples/s, tensorboard+mlflow+wandb {b[-1]:.0f} "
+                  f"samples/s, ratio {b[-1] / a[-1]:.3f}", flush=True)
+    ratios = [y / x for x, y in zip(a, b)]
+    print(f"{framework}, 2 ranks, {rounds} interleaved rounds: tensorboard median {statistics.median(a):.0f} samples/s, "
+          f"tensorboard+mlflow+wandb median {statistics.median(b):.0f} samples/s; ratio median "
+          f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}), "
+          f"ratio of medians {statistics.median(b) / statistics.median(a):.3f}")
+
+
+if __name__ == "__main__":
+    main()
