@@ -171,3 +171,45 @@ def test_log_trackers_is_the_switch_for_tensorboard(tmp_path):
     assert not event_files(tmp_path / "none")
     with pytest.raises(TrackerError, match=r"log.trackers='tensorboard,neptune': unknown tracker 'neptune'"):
         fit(tmp_path / "bad", "log.trackers=tensorboard,neptune")
+
+
+def test_an_elastic_reform_continues_the_same_run(tmp_path, mlflow_uri, wandb_offline):
+    """``on_train_begin`` again with a new context (an elastic re-form): the process that stays rank 0
+    keeps its runs (the world size tag follows); one that stops being rank 0 lets go; the process
+    that becomes rank 0 reopens the same runs from trackers.json. Never a second run."""
+    from mlflow import MlflowClient
+
+    from hvdtrain.core.adapter import DistContext
+    from hvdtrain.observability.trackers import TrackersCallback
+    from toyrun import toy_config
+
+    out = tmp_path / "elastic"
+    out.mkdir()
+    config = toy_config(out, "log.trackers=mlflow,wandb", f"log.mlflow_tracking_uri={mlflow_uri}",
+                        "log.mlflow_experiment=fast-elastic", "train.elastic=true")
+
+    def info(size, start_epoch):
+        return {"config": config, "output": out, "start_epoch": start_epoch, "steps_per_epoch": 4, "world_size": size}
+
+    first = TrackersCallback(config)
+    first.on_train_begin(DistContext(rank=0, size=2), info(2, 0))
+    first.on_epoch_end(0, {"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "step": 4})
+    ids = read_runs(out)
+    first.on_train_begin(DistContext(rank=0, size=3), info(3, 1))  # a worker joined; same rank 0
+    first.on_epoch_end(1, {"epoch": 2, "train_loss": 0.3, "val_loss": 0.2, "step": 8})
+    first.on_train_begin(DistContext(rank=1, size=2), info(2, 2))  # rank 0 is another process now
+    assert first.trackers == {}
+    second = TrackersCallback(config)
+    second.on_train_begin(DistContext(rank=0, size=2), info(2, 2))
+    second.on_epoch_end(1, {"epoch": 2, "train_loss": 0.3, "val_loss": 0.2, "step": 8})  # redone after a rollback
+    second.on_epoch_end(2, {"epoch": 3, "train_loss": 0.2, "val_loss": 0.1, "step": 12})
+    second.on_train_end(None)
+    assert read_runs(out)["mlflow"]["run_id"] == ids["mlflow"]["run_id"]
+    assert read_runs(out)["wandb"]["run_id"] == ids["wandb"]["run_id"]
+
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("fast-elastic").experiment_id])
+    assert [s for s, _ in mlflow_history(client, run.info.run_id, "train_loss")] == [1, 2, 3]
+    assert run.data.tags["hvdtrain.world_size"] == "2" and run.info.status == "FINISHED"
+    (wb,) = wandb_runs(out / "wandb").values()
+    assert [row["epoch"] for row in wb["history"] if "train_loss" in row] == [1, 2, 3]
