@@ -1,4 +1,5 @@
-"""TensorBoard event files written by rank 0, next to ``metrics.jsonl`` (``train.tensorboard``).
+"""TensorBoard event files written by rank 0, next to ``metrics.jsonl`` (``log.trackers`` naming
+``tensorboard``, the default; ``train.tensorboard=false``, the older switch, turns it off too).
 
 Written with the ``tensorboard`` package's own record writer and protobufs, so neither torch nor
 TensorFlow is imported. Tags (open with ``tensorboard --logdir runs``):
@@ -83,9 +84,9 @@ class TensorBoardCallback(Callback):
         try:
             self.writer = EventFileWriter(Path(info["output"]))
         except ImportError as exc:
-            RankZeroGate(ctx.rank).warn(f"train.tensorboard: the tensorboard package is not installed ({exc}); "
-                                        f"no event files are written (pip install tensorboard==2.21.0, or set "
-                                        f"train.tensorboard=false)")
+            RankZeroGate(ctx.rank).warn(f"log.trackers=tensorboard: the tensorboard package is not installed ({exc}); "
+                                        f"no event files are written (pip install tensorboard==2.21.0, or leave "
+                                        f"tensorboard out of log.trackers)")
         self._last_flush, self._pending = time.monotonic(), []
 
     def on_step_end(self, epoch: int, step: int, logs: dict[str, Any]) -> None:
