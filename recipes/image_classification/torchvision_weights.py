@@ -12,10 +12,9 @@ both frameworks.
 Checked before anything is assigned: a missing key, an unexpected key or a shape that differs
 stops with a :class:`~hvdtrain.ConfigError` naming the keys. The one exception is the final ``fc``
 when only its class count differs from the model's: it is skipped (the head keeps its fresh
-initialisation) and a note says so. A ``.pth`` is read with ``torch.load(weights_only=True)``
-(tensors and plain containers, never pickled code); a ``.safetensors`` file needs only the
-``safetensors`` package, so the TensorFlow side reads it without torch (reading a ``.pth`` needs
-torch installed, in either framework).
+initialisation) and a note says so. A ``.pth`` never runs code: torch reads it with
+``torch.load(weights_only=True)``, the TensorFlow side with an allow-listed unpickler of its own
+(:mod:`~recipes.image_classification.torch_pickle`: no torch needed, as for ``.safetensors``).
 """
 
 from __future__ import annotations
@@ -35,9 +34,11 @@ _BODY = {0: "conv1", 1: "bn1", 3: "conv2", 4: "bn2", 6: "conv3", 7: "bn3"}  # to
 _KERAS_BN = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
 
 
-def read_state_dict(path: str | Path) -> dict[str, np.ndarray]:
+def read_state_dict(path: str | Path, framework: str = "torch") -> dict[str, np.ndarray]:
     """The tensors of a torchvision-layout weights file as NumPy arrays, keyed by name (a
-    ``{"state_dict": ...}`` or ``{"model": ...}`` wrapper and a DDP ``module.`` prefix are removed)."""
+    ``{"state_dict": ...}`` or ``{"model": ...}`` wrapper and a DDP ``module.`` prefix are removed).
+    A ``.pth`` is read by ``torch.load(weights_only=True)`` for ``framework`` torch, by
+    :mod:`~recipes.image_classification.torch_pickle` (no torch) for tensorflow."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"model.pretrained: {path} is not a file")
@@ -48,6 +49,14 @@ def read_state_dict(path: str | Path) -> dict[str, np.ndarray]:
             state: Any = load_file(str(path))
         except Exception as exc:  # a corrupt or foreign file: the reader's own words
             raise ConfigError(f"model.pretrained: {path} is not a readable .safetensors file ({exc})") from None
+    elif path.suffix in SUFFIXES and framework != "torch":
+        from recipes.image_classification import torch_pickle
+
+        try:
+            state = _unwrap(torch_pickle.load(path), path)
+        except torch_pickle.NotWeightsError as exc:
+            raise ConfigError(f"model.pretrained: {path} is not a weights-only torch state dict ({exc})") from None
+        state = {k: v for k, v in state.items() if isinstance(v, np.ndarray)}
     elif path.suffix in SUFFIXES:
         try:
             import torch
@@ -58,16 +67,21 @@ def read_state_dict(path: str | Path) -> dict[str, np.ndarray]:
             state = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: no code runs
         except Exception as exc:
             raise ConfigError(f"model.pretrained: {path} is not a weights-only torch state dict ({exc})") from None
-        for wrapper in ("state_dict", "model"):
-            if isinstance(state, dict) and isinstance(state.get(wrapper), dict) and len(state) <= 3:
-                state = state[wrapper]
-        if not isinstance(state, dict):
-            raise ConfigError(f"model.pretrained: {path} holds a {type(state).__name__}, not a state dict")
-        state = {k: v.float().numpy() if v.is_floating_point() else v.numpy()
-                 for k, v in state.items() if isinstance(v, torch.Tensor)}
+        state = {k: v.detach().float().numpy() if v.is_floating_point() else v.detach().numpy()
+                 for k, v in _unwrap(state, path).items() if isinstance(v, torch.Tensor)}
     else:
         raise ConfigError(f"model.pretrained: {path} has suffix {path.suffix!r}; allowed: {', '.join(SUFFIXES)}")
     return {k[len("module."):] if k.startswith("module.") else k: np.asarray(v) for k, v in state.items()}
+
+
+def _unwrap(state: Any, path: Path) -> dict:
+    """The state dict inside a ``{"state_dict": ...}`` or ``{"model": ...}`` checkpoint."""
+    for wrapper in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict) and len(state) <= 3:
+            state = state[wrapper]
+    if not isinstance(state, dict):
+        raise ConfigError(f"model.pretrained: {path} holds a {type(state).__name__}, not a state dict")
+    return state
 
 
 def architecture(state: dict[str, Any]) -> str | None:
@@ -172,7 +186,7 @@ def load_torchvision_resnet(model: Any, path: str | Path, framework: str) -> lis
     re-initialised); anything else that does not match raises :class:`~hvdtrain.ConfigError` naming
     the keys, before any weight is assigned. Returns notes for the user (the skipped head)."""
     targets = _targets(model, framework)
-    state = read_state_dict(path)
+    state = read_state_dict(path, framework)
     notes = []
     fc_file, fc_model = state.get("fc.weight"), targets.get("fc.weight")
     if fc_file is not None and fc_model is not None and fc_file.ndim == 2 \

@@ -137,8 +137,10 @@ def test_keras_backbone_lr_factor_matches_torch_parameter_groups(name):
     optimizer = tf_adapter.build_optimizer(config)
     optimizer.build([head, back])
     optimizer.set_lr_factor([back], 0.3)
-    t_head, t_back = torch.nn.Parameter(torch.from_numpy(w_head.copy())), torch.nn.Parameter(torch.from_numpy(w_back.copy()))
-    reference = build_optimizer([{"params": [t_head], "lr_factor": 1.0}, {"params": [t_back], "lr_factor": 0.3}], config)
+    t_head = torch.nn.Parameter(torch.from_numpy(w_head.copy()))
+    t_back = torch.nn.Parameter(torch.from_numpy(w_back.copy()))
+    groups = [{"params": [t_head], "lr_factor": 1.0}, {"params": [t_back], "lr_factor": 0.3}]
+    reference = build_optimizer(groups, config)
     for step, (g_head, g_back) in enumerate(grads):
         lr = 0.1 * (step + 1)
         optimizer.learning_rate = lr

@@ -8,6 +8,7 @@ same logits in both frameworks, and any mismatch must stop naming the keys, load
 from __future__ import annotations
 
 import pickle
+import zipfile
 
 import numpy as np
 import pytest
@@ -79,7 +80,25 @@ def test_same_file_same_logits_in_both_frameworks(tmp_path, name, size, suffix):
     expected = torch_logits(source, x)
     np.testing.assert_allclose(torch_logits(torch_model, x), expected, rtol=0, atol=1e-6)
     scale = float(np.abs(expected).max())
-    np.testing.assert_allclose(np.asarray(keras_model(x, training=False)), expected, rtol=0, atol=1e-4 * max(1.0, scale))
+    keras_logits = np.asarray(keras_model(x, training=False))
+    np.testing.assert_allclose(keras_logits, expected, rtol=0, atol=1e-4 * max(1.0, scale))
+
+
+def test_the_torch_free_reader_reads_what_torch_writes(tmp_path):
+    """The TensorFlow side's own .pth reader against torch.load: float32, float16, bfloat16, int64
+    scalars, a non-contiguous view, an nn.Parameter, an OrderedDict state dict with _metadata."""
+    state = reference("resnet18", 64, 10).state_dict()
+    state["half"] = torch.randn(3, 4).half()
+    state["bf16"] = torch.randn(5).bfloat16()
+    state["view"] = torch.arange(12.0).reshape(3, 4).t()[1:]
+    state["param"] = torch.nn.Parameter(torch.randn(2, 2))
+    torch.save(state, tmp_path / "mixed.pth")
+    by_torch = read_state_dict(tmp_path / "mixed.pth")
+    without = read_state_dict(tmp_path / "mixed.pth", "tensorflow")
+    assert sorted(by_torch) == sorted(without)
+    for key, value in by_torch.items():
+        np.testing.assert_array_equal(without[key], value, err_msg=key)
+        assert without[key].shape == value.shape, key
 
 
 def test_keras_model_behind_the_input_wrapper(tmp_path):
@@ -167,6 +186,14 @@ def test_files_that_are_not_weights(tmp_path, capsys):
     model = torch_models.build_model("resnet18", 3, (64, 64), 10)
     with pytest.raises(ConfigError, match="not a weights-only torch state dict"):
         load_torchvision_resnet(model, evil, "torch")
+    keras_model = keras_models.build_model("resnet18", (64, 64, 3), 10)
+    with pytest.raises(ConfigError, match="not a weights-only torch state dict .not a torch zip file"):
+        load_torchvision_resnet(keras_model, evil, "tensorflow")
+    zipped = tmp_path / "evil_zip.pth"  # torch's zip layout, with code in its data.pkl
+    with zipfile.ZipFile(zipped, "w") as archive:
+        archive.writestr("archive/data.pkl", pickle.dumps({"conv1.weight": Payload()}, protocol=2))
+    with pytest.raises(ConfigError, match=r"names (__builtin__|builtins)\.print, which a weights file has no reason"):
+        load_torchvision_resnet(keras_model, zipped, "tensorflow")
     assert "pwned" not in capsys.readouterr().out
     with pytest.raises(ConfigError, match=r"suffix '\.h5'; allowed: \.pth"):
         load_torchvision_resnet(model, _touch(tmp_path / "w.h5"), "torch")
@@ -174,7 +201,7 @@ def test_files_that_are_not_weights(tmp_path, capsys):
         load_torchvision_resnet(model, tmp_path / "absent.pth", "torch")
     with pytest.raises(ConfigError, match="not a readable .safetensors"):
         load_torchvision_resnet(model, _touch(tmp_path / "w.safetensors", b"junk"), "torch")
-    with pytest.raises(ConfigError, match="load into hvdtrain's resnet18, resnet34, resnet50 and resnet101, not small_cnn"):
+    with pytest.raises(ConfigError, match="into hvdtrain's resnet18, resnet34, resnet50 and resnet101, not small_cnn"):
         load_torchvision_resnet(keras_models.build_model("small_cnn", (28, 28, 1), 10), _touch(tmp_path / "x.pth"),
                                 "tensorflow")
 
