@@ -9,6 +9,13 @@ job's metrics.jsonl (the first epoch holds the warm-up) and prints the median of
 per-round ratios B/A::
 
     .venv/bin/python benchmarks/trackers_overhead.py [ROUNDS] [FRAMEWORK]
+
+On a busy machine the jobs' rates vary by several percent from run to run; ``--calls`` measures
+instead what rank 0 spends inside the trackers' callback, in-process (no training): the wall time
+of one logged step (MLflow and W&B together) and of one epoch's log, from which the overhead at
+any ``train.log_every`` and step time follows::
+
+    .venv/bin/python benchmarks/trackers_overhead.py --calls [N]
 """
 
 from __future__ import annotations
@@ -40,7 +47,45 @@ def job(framework: str, output: Path, trackers: str, env: dict[str, str]) -> flo
     return rows[-1]["samples_per_sec"]
 
 
+def calls(n: int) -> None:
+    """Wall time per logged step and per logged epoch inside :class:`TrackersCallback` (rank 0)."""
+    import time
+
+    from hvdtrain.core.adapter import DistContext
+    from hvdtrain.core.config import load_config
+    from hvdtrain.observability.trackers import TrackersCallback
+
+    with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp) / "mlflow") as uri:
+        os.environ.update(MLFLOW_DISABLE_TELEMETRY="true", WANDB_MODE="offline", WANDB_SILENT="true")
+        config = load_config(None, overrides=["recipe=image-classification", "framework=torch", f"output={tmp}/run",
+                                              "log.trackers=mlflow,wandb", f"log.mlflow_tracking_uri={uri}",
+                                              "train.log_every=1"])
+        Path(config.output).mkdir()
+        callback = TrackersCallback(config)
+        callback.on_train_begin(DistContext(), {"config": config, "output": Path(config.output), "start_epoch": 0,
+                                                "steps_per_epoch": n, "world_size": 2})
+        logs = {"loss": 0.5, "lr": 0.1, "samples_per_sec": 1000.0, "global_step": 0}
+        started = time.perf_counter()
+        for step in range(n):
+            callback.on_step_end(0, step, {**logs, "global_step": step + 1})
+        per_step = (time.perf_counter() - started) / n
+        started = time.perf_counter()
+        for epoch in range(20):
+            callback.on_epoch_end(epoch, {"epoch": epoch + 1, "train_loss": 0.4, "val_loss": 0.3, "val_accuracy": 0.9,
+                                          "samples_per_sec": 1000.0, "epoch_time_sec": 10.0, "lr": 0.1, "step": n})
+        per_epoch = (time.perf_counter() - started) / 20
+        started = time.perf_counter()
+        callback.on_train_end(None)
+        closing = time.perf_counter() - started
+    print(f"rank 0 inside the trackers (mlflow + wandb offline): {per_step * 1e3:.2f} ms per logged step "
+          f"({n} steps), {per_epoch * 1e3:.1f} ms per epoch, {closing:.2f} s to close; at train.log_every=50 "
+          f"that is {per_step / 50 * 1e3:.3f} ms per training step")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--calls"]:
+        calls(int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
+        return
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     framework = sys.argv[2] if len(sys.argv) > 2 else "torch"
     with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp) / "mlflow") as uri:

@@ -5,6 +5,8 @@ jobs are in tests/integration/test_trackers.py."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from toyrun import Interrupt, StopAt, fit
 
@@ -213,3 +215,17 @@ def test_an_elastic_reform_continues_the_same_run(tmp_path, mlflow_uri, wandb_of
     assert run.data.tags["hvdtrain.world_size"] == "2" and run.info.status == "FINISHED"
     (wb,) = wandb_runs(out / "wandb").values()
     assert [row["epoch"] for row in wb["history"] if "train_loss" in row] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("uri, says", [
+    ("ftp://nowhere", "cannot open the MLflow store ftp://nowhere (UnsupportedModelRegistryStoreURIException"),
+    ("sqlite:///no-sqlalchemy.db", "is a database, which only the full mlflow package opens"),
+])
+def test_a_tracking_uri_of_the_wrong_kind_is_one_line_naming_the_fix(tmp_path, uri, says):
+    if uri.startswith("sqlite") and importlib.util.find_spec("sqlalchemy") is not None:
+        pytest.skip("the full mlflow package is in this venv: it opens SQLite stores")
+    from hvdtrain.observability.trackers.preflight import verdict
+    from toyrun import toy_config
+
+    refusal = verdict(toy_config(tmp_path / "x", "log.trackers=mlflow", f"log.mlflow_tracking_uri={uri}"))
+    assert refusal is not None and says in refusal and "\n" not in refusal and "scripts/mlflow-server.sh" in refusal

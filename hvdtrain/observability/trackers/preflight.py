@@ -14,6 +14,14 @@ from typing import Any
 from hvdtrain.observability.trackers.base import INSTALL_HINT, TrackerError, parse_trackers
 
 TIMEOUT_SEC = 10
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # local stores that need SQLAlchemy (full mlflow)
+
+
+def _short(exc: BaseException, most: int = 160) -> str:
+    """An exception as a short phrase: its type and the start of its message's first sentence."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    text = text.split(". ")[0]
+    return f"{type(exc).__name__}: {text[:most]}{'...' if len(text) > most else ''}" if text else type(exc).__name__
 
 
 def mlflow_uri(config: Any) -> str:
@@ -40,8 +48,9 @@ def check_mlflow(config: Any) -> None:
                                     max_retries=0, timeout=TIMEOUT_SEC, raise_on_status=False,
                                     params={"experiment_name": config.log.mlflow_experiment})
         except Exception as exc:  # connection refused, DNS, timeout: requests' and urllib3's errors
+            reason = "no answer" if "onnect" in str(exc) or "imeout" in str(exc) else _short(exc)
             raise TrackerError(f"log.trackers=mlflow: cannot reach the MLflow tracking server at {uri} "
-                               f"({type(exc).__name__}); {fix}") from None
+                               f"({reason}); {fix}") from None
         if response.status_code in (401, 403):
             raise TrackerError(f"log.trackers=mlflow: the MLflow server at {uri} refused the request "
                                f"(HTTP {response.status_code}); set MLFLOW_TRACKING_TOKEN or "
@@ -50,6 +59,15 @@ def check_mlflow(config: Any) -> None:
             raise TrackerError(f"log.trackers=mlflow: {uri} does not answer as an MLflow tracking server "
                                f"(HTTP {response.status_code} on /api/2.0/mlflow/experiments/get-by-name); {fix}")
         return
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme in DATABASE_SCHEMES:
+        try:
+            import sqlalchemy  # noqa: F401
+        except ImportError:
+            raise TrackerError(f"log.trackers=mlflow: the MLflow store {uri} is a database, which only the full "
+                               f"mlflow package opens (this venv has the client, mlflow-skinny); pip install "
+                               f"mlflow==3.17.0, or run a server (scripts/mlflow-server.sh server ...) and set "
+                               f"log.mlflow_tracking_uri=http://HOST:PORT") from None
     try:  # a local store (sqlite:, file:, a folder): opening it is the check
         from mlflow import MlflowClient
 
@@ -59,8 +77,9 @@ def check_mlflow(config: Any) -> None:
                            f"pip install mlflow==3.17.0, or point log.mlflow_tracking_uri at a server "
                            f"(scripts/mlflow-server.sh starts one)") from None
     except Exception as exc:
-        raise TrackerError(f"log.trackers=mlflow: cannot open the MLflow store {uri} ({type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else ''}); {fix}") from None
+        raise TrackerError(f"log.trackers=mlflow: cannot open the MLflow store {uri} ({_short(exc)}); use a "
+                           f"tracking server (scripts/mlflow-server.sh starts one) with "
+                           f"log.mlflow_tracking_uri=http://HOST:PORT") from None
 
 
 def wandb_mode() -> str:
@@ -86,8 +105,7 @@ def check_wandb(config: Any) -> None:
     try:
         ok = wandb.login(verify=True, prompt=False, timeout=TIMEOUT_SEC)
     except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TrackerError(f"log.trackers=wandb: cannot log in to W&B at {host} ({first[:200]}); {fix}") from None
+        raise TrackerError(f"log.trackers=wandb: cannot log in to W&B at {host} ({_short(exc)}); {fix}") from None
     if not ok:
         raise TrackerError(f"log.trackers=wandb: no W&B login for {host}; {fix}")
 
