@@ -26,9 +26,10 @@ EPOCH_KEYS = ("train_loss", "val_loss", "val_accuracy", "samples_per_sec", "epoc
 
 
 @pytest.fixture(autouse=True)
-def mlflow_environ(monkeypatch):
-    """MLflow's client records its telemetry session in os.environ: given back after each test."""
-    isolate_environ(monkeypatch, ["_MLFLOW_TELEMETRY_SESSION_ID"])
+def tracker_environ(monkeypatch):
+    """MLflow's client records its telemetry session in os.environ, W&B's login its service's
+    address: given back after each test."""
+    isolate_environ(monkeypatch, ["_MLFLOW_TELEMETRY_SESSION_ID", "WANDB_SERVICE"])
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
@@ -147,14 +148,18 @@ def test_the_tracking_uri_comes_from_mlflow_tracking_uri(tmp_path, mlflow_uri, m
     assert [a.path for a in MlflowClient(mlflow_uri).list_artifacts(run.info.run_id)] == ["checkpoint-best"]
 
 
-def test_wandb_online_without_a_login_stops_the_run_before_training(tmp_path, monkeypatch):
+@pytest.mark.parametrize("key, says", [(None, "no W&B login for"), ("a" * 40, "cannot log in to W&B at")])
+def test_wandb_online_without_a_login_or_a_server_stops_the_run_before_training(tmp_path, monkeypatch, key, says):
     monkeypatch.setenv("WANDB_MODE", "online")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    if key is None:
+        monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    else:  # a key, but nothing answers at WANDB_BASE_URL
+        monkeypatch.setenv("WANDB_API_KEY", key)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")
-    with pytest.raises(TrackerError, match=r"log.trackers=wandb: .*WANDB_MODE=offline"):
+    with pytest.raises(TrackerError, match=rf"log.trackers=wandb: {says} http://127.0.0.1:\d+.*WANDB_MODE=offline"):
         fit(tmp_path / "nologin", "log.trackers=wandb")
     assert not (tmp_path / "nologin" / "metrics.jsonl").exists()
 
