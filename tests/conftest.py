@@ -24,6 +24,10 @@ import pytest
 
 from envguard import environ_changes, restore_environ
 
+# ``import hvdtrain`` sets TensorFlow's quiet-start defaults in os.environ (hvdtrain/tools/tf_logging.py):
+# done here, before any test's snapshot, so the test that happens to import it first is not blamed
+import hvdtrain  # noqa: E402,F401
+
 TESTS = Path(__file__).resolve().parent
 JOB_FOLDERS = ("distributed", "reliability", "cluster")  # every test launches real horovodrun jobs
 FEATURES = {  # test file (relative to tests/) -> its feature markers; tests/fast files mark themselves

@@ -10,11 +10,13 @@ import pytest
 
 
 # what library code sets in os.environ itself (setdefault), for isolate_environ
-CLI_VARIABLES = ("TF_CPP_MIN_LOG_LEVEL",)  # hvdtrain.cli: quiets TensorFlow's start-up chatter
+CLI_VARIABLES = ("TF_CPP_MIN_LOG_LEVEL", "HVDTRAIN_TF_LOG_DEFAULT")  # import hvdtrain: TensorFlow's quiet start
 TOKENIZER_VARIABLES = ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")  # recipes.bert_finetune.tokenized
 
-# pytest itself sets this one to the running test and phase
-IGNORED = frozenset({"PYTEST_CURRENT_TEST"})
+# pytest itself sets this one to the running test and phase; importing TensorFlow sets the others
+# (once per process, whichever test imports it first)
+IGNORED = frozenset({"PYTEST_CURRENT_TEST", "TF2_BEHAVIOR", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION",
+                     "ENABLE_RUNTIME_UPTIME_TELEMETRY", "HDF5_PLUGIN_PATH"})
 
 
 def _describe(name: str, before: dict[str, str], after: dict[str, str]) -> str:

@@ -32,7 +32,7 @@ def test_keras_models(name, channels, size):
 def test_unknown_model_is_named():
     from recipes.image_classification.torch_models import build_model
 
-    with pytest.raises(ValueError, match="'vgg'.*small_cnn, resnet18, resnet50"):
+    with pytest.raises(ValueError, match="'vgg'.*small_cnn, resnet18, resnet34, resnet50, resnet101"):
         build_model("vgg", 3, (32, 32), 10)
 
 
