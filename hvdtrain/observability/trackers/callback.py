@@ -74,10 +74,15 @@ class TrackersCallback(Callback):
         run_name = config.log.run_name or self.output.resolve().name
         for name in self.names:
             previous = recorded.get(name, {})
-            tracker = make_tracker(name, config, self.output)
-            run_id = tracker.open(previous.get("run_id"), run_name, params, tags)
+            try:  # checked before training (preflight); a failure here only loses this tracker
+                tracker = make_tracker(name, config, self.output)
+                run_id = tracker.open(previous.get("run_id"), run_name, params, tags)
+                epochs, step = tracker.logged() if previous else (set(), -1)
+            except Exception as exc:
+                self.gate.warn(f"log.trackers: {name} could not open its run ({type(exc).__name__}: "
+                               f"{str(exc)[:200]}); training goes on without it")
+                continue
             self.trackers[name] = tracker
-            epochs, step = tracker.logged() if previous else (set(), -1)
             self.logged[name], self.runs[name] = epochs, {"run_id": run_id, "step": step}
             if not previous:
                 self.gate.print(f"hvdtrain: {name} run {run_id}" + self._where(name, tracker))
