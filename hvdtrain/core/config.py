@@ -88,7 +88,8 @@ class ModelConfig:
     """Which model the recipe builds."""
 
     name: str = _f("small_cnn", "model architecture (recipe-specific; image-classification: "
-                   "small_cnn, resnet18, resnet50; bert-finetune: a Hugging Face model directory or hub name)",
+                   "small_cnn, resnet18, resnet34, resnet50, resnet101 or a local Hugging Face image model "
+                   "directory; bert-finetune: a Hugging Face model directory or hub name)",
                    resume="state")
     num_classes: int | None = _f(None, "number of classes; None infers it from the data", min=2, resume="state")
     pretrained: str | None = _f(None, "weights file the model starts from (image-classification: torchvision-layout "
@@ -157,7 +158,8 @@ class TrainConfig:
     early_stopping_metric: str | None = _f(None, "the metrics.jsonl value early stopping watches (None: "
                                            "checkpoint.best_metric)")
     early_stopping_mode: str | None = _f(None, "whether a larger or smaller metric is better (None: "
-                                         "checkpoint.best_mode)", choices=(None, "max", "min"))
+                                         "checkpoint.best_mode when the metric is checkpoint.best_metric, "
+                                         "else min for a metric named *loss*, max otherwise)", choices=(None, "max", "min"))
     early_stopping_min_delta: float = _f(0.0, "the smallest change that counts as an improvement", min=0.0)
 
 
