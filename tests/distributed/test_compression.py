@@ -71,7 +71,8 @@ def test_short_runs_learn_with_replicas_in_sync(tmp_path, framework, controller,
 
 @pytest.mark.distributed
 def test_local_sgd_one_step_is_synchronous_sgd_bitwise(tmp_path):
-    sync = train(tmp_path / "sync", "torch", "gloo")
-    local = train(tmp_path / "local", "torch", "gloo", "comm.local_sgd_steps=1")
+    few = "data.max_train_samples=512"  # no accuracy to reach here: bitwise equality over 8 steps
+    sync = train(tmp_path / "sync", "torch", "gloo", few)
+    local = train(tmp_path / "local", "torch", "gloo", few, "comm.local_sgd_steps=1")
     assert sync["final_fingerprints"] == local["final_fingerprints"]
     assert sync["history"][-1]["val_loss"] == local["history"][-1]["val_loss"]
