@@ -99,6 +99,9 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.collectives = Collectives(hvd, lambda values: tf.constant(values, dtype=tf.float64), self._name,
                                        _host_tensor)
         self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
+        if self.pipeline is not None and finetune.enabled(config):  # every rank alike, before any model
+            raise ConfigError("model.freeze_backbone_epochs / optim.backbone_lr_factor do not combine with "
+                              "parallel.pipeline_stages > 1 yet; set them to 0 / 1.0 or train without stages")
         return self.context()
 
     def prepare(self, task: Any, config: Any) -> None:

@@ -41,7 +41,7 @@ def weights(tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("framework,suffix", [("torch", ".pth"), ("tensorflow", ".safetensors")])
+@pytest.mark.parametrize("framework,suffix", [("torch", ".safetensors"), ("tensorflow", ".pth")])  # .pth: no torch
 def test_frozen_backbone_then_factor_on_two_ranks(tmp_path, photos, weights, framework, suffix):
     report = tmp_path / "report.json"
     horovodrun(["python", WORKER, report, framework, f"data.path={photos}", f"output={tmp_path / 'run'}",
