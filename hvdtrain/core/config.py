@@ -118,7 +118,8 @@ class OptimConfig:
     grad_clip_norm: float | None = _f(None, "clip the global gradient norm to this value", min=0.0,
                                       min_exclusive=True)
     backbone_lr_factor: float = _f(1.0, "fine-tuning: the backbone's learning rate as a fraction of the head's "
-                                   "(the classification head always gets the full rate)", min=0.0)
+                                   "(the classification head always gets the full rate)", min=0.0,
+                                   resume="state")
 
 
 @dataclass

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from hvdtrain.core import early_stop
+from hvdtrain.core import early_stop, finetune
 from hvdtrain.core.config import ConfigError
 
 COMPRESSORS = ("powersgd", "topk")  # hvdtrain's own exchanges (the others are Horovod's allreduce)
@@ -192,6 +192,30 @@ def pipeline_micro_batches(config: Any) -> str | None:
     return None
 
 
+def _finetune_keys(config: Any) -> str:
+    keys = []
+    if config.model.freeze_backbone_epochs > 0:
+        keys.append(f"model.freeze_backbone_epochs={config.model.freeze_backbone_epochs}")
+    if config.optim.backbone_lr_factor != 1.0:
+        keys.append(f"optim.backbone_lr_factor={config.optim.backbone_lr_factor:g}")
+    return " and ".join(keys)
+
+
+def pipeline_with_finetune(config: Any) -> str | None:
+    """The stages' driver takes the training step over: it would not freeze or scale the backbone."""
+    if config.parallel.pipeline_stages > 1 and finetune.enabled(config):
+        return (f"{_finetune_keys(config)} is not supported with pipeline stages yet; "
+                f"set model.freeze_backbone_epochs=0 and optim.backbone_lr_factor=1, or train without stages")
+    return None
+
+
+def adasum_with_finetune(config: Any) -> str | None:
+    """Adasum reduces the update, not the gradient: a frozen or scaled backbone is not its input."""
+    if config.comm.reduction == "adasum" and finetune.enabled(config):
+        return f"{_finetune_keys(config)} cannot be combined with comm.reduction='adasum'; use comm.reduction=average"
+    return None
+
+
 def early_stopping_metric(config: Any) -> str | None:
     """Early stopping watches a metric every rank agrees on (``train_loss`` or ``val_*``: computed
     from allreduced values), so all ranks stop after the same epoch; it needs one to watch. Whether
@@ -203,7 +227,7 @@ CONFIG_RULES: tuple[Callable[[Any], str | None], ...] = (
     adasum_with_exchange, adasum_with_elastic, adasum_with_update_rewrites, local_sgd_with_compression,
     error_feedback_with_loss_scaling, overlap_with_exchange, elastic_with_tuning, pipeline_with_elastic,
     pipeline_with_exchange, pipeline_with_accumulation, pipeline_with_adasum, pipeline_with_mixed_precision,
-    pipeline_micro_batches, early_stopping_metric,
+    pipeline_micro_batches, early_stopping_metric, pipeline_with_finetune, adasum_with_finetune,
 )
 
 

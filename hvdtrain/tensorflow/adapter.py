@@ -99,9 +99,6 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.collectives = Collectives(hvd, lambda values: tf.constant(values, dtype=tf.float64), self._name,
                                        _host_tensor)
         self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
-        if self.pipeline is not None and finetune.enabled(config):  # every rank alike, before any model
-            raise ConfigError("model.freeze_backbone_epochs / optim.backbone_lr_factor do not combine with "
-                              "parallel.pipeline_stages > 1 yet; set them to 0 / 1.0 or train without stages")
         return self.context()
 
     def prepare(self, task: Any, config: Any) -> None:
@@ -152,9 +149,6 @@ class TensorFlowAdapter(FrameworkAdapter):
         """``self.control`` for ``model.freeze_backbone_epochs`` and ``optim.backbone_lr_factor``."""
         if not finetune.enabled(config):
             return
-        if self.reduce_op == hvd.Adasum:
-            raise ConfigError("model.freeze_backbone_epochs / optim.backbone_lr_factor do not combine with "
-                              "comm.reduction=adasum; use average")
         self.control = BackboneControl(self.model, self.trainable, head_variables(task, self.model))
         self.freeze_epochs = config.model.freeze_backbone_epochs
         if config.optim.backbone_lr_factor != 1.0:

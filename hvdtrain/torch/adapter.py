@@ -80,9 +80,6 @@ class TorchAdapter(FrameworkAdapter):
         self.collectives = Collectives(hvd, lambda values: torch.tensor(values, dtype=torch.float64),
                                        lambda prefix: f"hvdtrain.{prefix}", torch.from_numpy)
         self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
-        if self.pipeline is not None and finetune.enabled(config):  # every rank alike, before any model
-            raise ConfigError("model.freeze_backbone_epochs / optim.backbone_lr_factor do not combine with "
-                              "parallel.pipeline_stages > 1 yet; set them to 0 / 1.0 or train without stages")
         return self.context()
 
     def prepare(self, task: Any, config: Any) -> None:
@@ -132,9 +129,6 @@ class TorchAdapter(FrameworkAdapter):
         when that is not 1; ``self.control`` for ``model.freeze_backbone_epochs``."""
         if not finetune.enabled(config):
             return task.optimizer
-        if self.adasum:
-            raise ConfigError("model.freeze_backbone_epochs / optim.backbone_lr_factor do not combine with "
-                              "comm.reduction=adasum (its update is reduced, not its gradient); use average")
         self.control = BackboneControl(self.model, head_parameters(task, self.model))
         self.freeze_epochs = config.model.freeze_backbone_epochs
         factor = config.optim.backbone_lr_factor
