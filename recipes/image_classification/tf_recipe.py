@@ -24,14 +24,17 @@ def _correct(logits, labels):
     return {"correct": tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32))}
 
 
-def own_model(config, train, shape: tuple[int, int, int], num_classes: int) -> keras.Model:
+def own_model(config, train, shape: tuple[int, int, int], num_classes: int, main: bool = True) -> keras.Model:
     """One of the recipe's models; with ``model.pretrained``, torchvision-layout ResNet weights
-    loaded into it (recipes/image_classification/torchvision_weights.py)."""
+    loaded into it (recipes/image_classification/torchvision_weights.py); ``main`` (rank 0) prints
+    what the load noted, such as a head re-initialised for the dataset's classes."""
     model = build_model(model_name(config, train), shape, num_classes)
     if config.model.pretrained:
         from recipes.image_classification.torchvision_weights import load_torchvision_resnet
 
-        load_torchvision_resnet(model, config.model.pretrained, "tensorflow")
+        for note in load_torchvision_resnet(model, config.model.pretrained, "tensorflow"):
+            if main:
+                print(f"hvdtrain: {note}", flush=True)
     return model
 
 
@@ -56,7 +59,7 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         head = lambda: model.get_layer(hf_models.HEAD_NAME).trainable_variables  # noqa: E731  (fine-tuning)
         mean, std = hf.preprocessing.mean, hf.preprocessing.std
     else:
-        inner = own_model(config, train, shape, num_classes)
+        inner = own_model(config, train, shape, num_classes, main=ctx.is_main)
         model = normalize_inputs(inner, shape)
         blocks = lambda: stage_blocks(inner, shape)  # noqa: E731  (parallel.pipeline_stages > 1)
         head = None  # the adapter finds the output Dense

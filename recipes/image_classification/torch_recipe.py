@@ -16,14 +16,17 @@ from recipes.image_classification.common import class_labels, hf_model, load_ima
 from recipes.image_classification.torch_models import build_model, pipeline_blocks
 
 
-def own_model(config, train, num_classes: int) -> torch.nn.Module:
+def own_model(config, train, num_classes: int, main: bool = True) -> torch.nn.Module:
     """One of the recipe's models; with ``model.pretrained``, torchvision-layout ResNet weights
-    loaded into it (recipes/image_classification/torchvision_weights.py)."""
+    loaded into it (recipes/image_classification/torchvision_weights.py); ``main`` (rank 0) prints
+    what the load noted, such as a head re-initialised for the dataset's classes."""
     model = build_model(model_name(config, train), train.channels, train.image_size, num_classes)
     if config.model.pretrained:
         from recipes.image_classification.torchvision_weights import load_torchvision_resnet
 
-        load_torchvision_resnet(model, config.model.pretrained, "torch")
+        for note in load_torchvision_resnet(model, config.model.pretrained, "torch"):
+            if main:
+                print(f"hvdtrain: {note}", flush=True)
     return model
 
 
@@ -45,7 +48,7 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         blocks, head = None, lambda: list(model.model.classifier.parameters())  # noqa: E731  (fine-tuning controls)
         mean, std = hf.preprocessing.mean, hf.preprocessing.std
     else:
-        inner = own_model(config, train, num_classes)
+        inner = own_model(config, train, num_classes, main=ctx.is_main)
         model = normalize_inputs(inner)
         blocks = lambda: stage_blocks(model)  # noqa: E731  (parallel.pipeline_stages > 1)
         head = None  # the module named head (hvdtrain's ResNets) or classifier
