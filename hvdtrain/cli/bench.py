@@ -63,7 +63,7 @@ def _launch_each(sizes: list[int], controller: str, args: list[str]) -> list:
 @main.command("bench")
 @click.option("--framework", type=click.Choice(FRAMEWORKS), default="torch", show_default=True)
 @click.option("--model", default="resnet50", show_default=True,
-              help="Image model of the recipe (image-classification: small_cnn, resnet18, resnet50).")
+              help="Image model of the recipe (image-classification: small_cnn, resnet18, resnet34, resnet50, resnet101).")
 @click.option("--recipe", default="image-classification", show_default=True,
               help="Recipe whose bench_model hook builds the model (see `hvdtrain recipes`).")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Batch size per worker.")
