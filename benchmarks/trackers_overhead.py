@@ -47,44 +47,53 @@ def job(framework: str, output: Path, trackers: str, env: dict[str, str]) -> flo
     return rows[-1]["samples_per_sec"]
 
 
-def calls(n: int) -> None:
-    """Wall time per logged step and per logged epoch inside :class:`TrackersCallback` (rank 0)."""
+def calls(n: int, gap: float = 0.02) -> None:
+    """Rank 0's wall time inside :class:`TrackersCallback` per logged step (``n`` steps, ``gap``
+    seconds of "training" between them, as ``train.log_every`` steps would take) and per epoch, for
+    MLflow alone, W&B offline alone and both."""
     import time
 
     from hvdtrain.core.adapter import DistContext
     from hvdtrain.core.config import load_config
     from hvdtrain.observability.trackers import TrackersCallback
 
+    os.environ.update(MLFLOW_DISABLE_TELEMETRY="true", WANDB_MODE="offline", WANDB_SILENT="true")
     with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp) / "mlflow") as uri:
-        os.environ.update(MLFLOW_DISABLE_TELEMETRY="true", WANDB_MODE="offline", WANDB_SILENT="true")
-        config = load_config(None, overrides=["recipe=image-classification", "framework=torch", f"output={tmp}/run",
-                                              "log.trackers=mlflow,wandb", f"log.mlflow_tracking_uri={uri}",
-                                              "train.log_every=1"])
-        Path(config.output).mkdir()
-        callback = TrackersCallback(config)
-        callback.on_train_begin(DistContext(), {"config": config, "output": Path(config.output), "start_epoch": 0,
-                                                "steps_per_epoch": n, "world_size": 2})
-        logs = {"loss": 0.5, "lr": 0.1, "samples_per_sec": 1000.0, "global_step": 0}
-        started = time.perf_counter()
-        for step in range(n):
-            callback.on_step_end(0, step, {**logs, "global_step": step + 1})
-        per_step = (time.perf_counter() - started) / n
-        started = time.perf_counter()
-        for epoch in range(20):
-            callback.on_epoch_end(epoch, {"epoch": epoch + 1, "train_loss": 0.4, "val_loss": 0.3, "val_accuracy": 0.9,
-                                          "samples_per_sec": 1000.0, "epoch_time_sec": 10.0, "lr": 0.1, "step": n})
-        per_epoch = (time.perf_counter() - started) / 20
-        started = time.perf_counter()
-        callback.on_train_end(None)
-        closing = time.perf_counter() - started
-    print(f"rank 0 inside the trackers (mlflow + wandb offline): {per_step * 1e3:.2f} ms per logged step "
-          f"({n} steps), {per_epoch * 1e3:.1f} ms per epoch, {closing:.2f} s to close; at train.log_every=50 "
-          f"that is {per_step / 50 * 1e3:.3f} ms per training step")
+        for trackers in ("mlflow", "wandb", "mlflow,wandb"):
+            output = Path(tmp) / f"run-{trackers.replace(',', '-')}"
+            output.mkdir()
+            config = load_config(None, overrides=["recipe=image-classification", "framework=torch",
+                                                  f"output={output}", f"log.trackers={trackers}",
+                                                  f"log.mlflow_tracking_uri={uri}", "train.log_every=1"])
+            callback = TrackersCallback(config)
+            callback.on_train_begin(DistContext(), {"config": config, "output": output, "start_epoch": 0,
+                                                    "steps_per_epoch": n, "world_size": 2})
+            inside = 0.0
+            for step in range(n):
+                time.sleep(gap)
+                started = time.perf_counter()
+                callback.on_step_end(0, step, {"loss": 0.5, "lr": 0.1, "samples_per_sec": 1000.0,
+                                               "global_step": step + 1})
+                inside += time.perf_counter() - started
+            epochs = []
+            for epoch in range(10):
+                time.sleep(gap)
+                started = time.perf_counter()
+                callback.on_epoch_end(epoch, {"epoch": epoch + 1, "train_loss": 0.4, "val_loss": 0.3,
+                                              "val_accuracy": 0.9, "samples_per_sec": 1000.0,
+                                              "epoch_time_sec": 10.0, "lr": 0.1, "step": n})
+                epochs.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            callback.on_train_end(None)
+            closing = time.perf_counter() - started
+            print(f"{trackers}: {inside / n * 1e3:.2f} ms per logged step ({n} steps, {gap * 1e3:.0f} ms apart), "
+                  f"{statistics.median(epochs) * 1e3:.1f} ms per epoch (median of 10), {closing:.2f} s to close; "
+                  f"at train.log_every=50: {inside / n / 50 * 1e3:.3f} ms per training step", flush=True)
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--calls"]:
-        calls(int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
+        calls(int(sys.argv[2]) if len(sys.argv) > 2 else 300)
         return
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 4
     framework = sys.argv[2] if len(sys.argv) > 2 else "torch"

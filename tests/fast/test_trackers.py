@@ -161,6 +161,7 @@ def test_wandb_online_without_a_login_or_a_server_stops_the_run_before_training(
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(TrackerError, match=rf"log.trackers=wandb: {says} http://127.0.0.1:\d+.*WANDB_MODE=offline"):
         fit(tmp_path / "nologin", "log.trackers=wandb")
+    wandb.teardown()  # W&B's process-wide login state goes with this test
     assert not (tmp_path / "nologin" / "metrics.jsonl").exists()
 
 

@@ -11,12 +11,14 @@ the tag ``hvdtrain.resumed.<key>``.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 from hvdtrain.observability.trackers.base import Tracker
 from hvdtrain.observability.trackers.preflight import mlflow_uri
 
 BATCH = 100  # MLflow's log_batch takes at most 100 params, 1000 metrics per call
+MAX_PENDING = 256  # queued step-metric sends before a step waits for the oldest
 
 
 class MlflowTracker(Tracker):
@@ -31,7 +33,7 @@ class MlflowTracker(Tracker):
         self.client = MlflowClient(self.uri)
         self.experiment = config.log.mlflow_experiment
         self.run_id: str | None = None
-        self.pending: list[Any] = []  # RunOperations of asynchronous log_batch calls
+        self.pending: deque[Any] = deque()  # RunOperations of asynchronous log_batch calls, oldest first
 
     def _experiment_id(self) -> str:
         found = self.client.get_experiment_by_name(self.experiment)
@@ -83,18 +85,17 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, metrics=batch)
             return
         self.pending.append(self.client.log_batch(self.run_id, metrics=batch, synchronous=False))
-        if len(self.pending) > 64:
-            self._drain(done_only=True)
+        self._drain(done_only=True)
 
     def _drain(self, done_only: bool = False) -> None:
-        keep = []
-        for op in self.pending:
-            futures = getattr(op, "_operation_futures", None)
-            if done_only and futures is not None and not all(f.done() for f in futures):
-                keep.append(op)
-                continue
-            op.wait()  # raises what the background send raised
-        self.pending = keep
+        """Wait for the queued sends (``done_only``: collect the oldest ones already sent, and wait
+        only while more than ``MAX_PENDING`` are queued); raises what a background send raised."""
+        while self.pending:
+            oldest = self.pending[0]
+            futures = getattr(oldest, "_operation_futures", None) or []
+            if done_only and len(self.pending) <= MAX_PENDING and not all(f.done() for f in futures):
+                return
+            self.pending.popleft().wait()
 
     def log_artifact(self, path: str, name: str) -> None:
         self._drain()

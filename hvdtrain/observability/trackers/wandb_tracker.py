@@ -31,7 +31,11 @@ class WandbTracker(Tracker):
     def open(self, run_id: str | None, run_name: str, params: dict[str, str], tags: dict[str, str]) -> str:
         import wandb
 
+        from hvdtrain.observability.trackers.preflight import wandb_mode
+
+        # the mode as WANDB_MODE says now (W&B's process-wide settings may hold an older one)
         self.run = wandb.init(project=self.project, entity=self.entity, dir=self.dir, id=run_id, name=run_name,
+                              mode=wandb_mode(),
                               resume="allow" if run_id else None, config=params, allow_val_change=True,
                               reinit="create_new",
                               settings=wandb.Settings(console="off", x_disable_stats=True, silent=True,
