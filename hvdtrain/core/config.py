@@ -138,8 +138,8 @@ class TrainConfig:
     threads: int | None = _f(None, "intra-op threads per worker; None shares the cores among local workers",
                              min=1)
     log_every: int = _f(50, "print a progress line every N steps on rank 0 (0: never)", min=0)
-    tensorboard: bool = _f(True, "rank 0 writes TensorBoard event files (loss, accuracy, LR, samples/s per step "
-                           "and per epoch) into the output directory, next to metrics.jsonl")
+    tensorboard: bool = _f(True, "older switch for TensorBoard (log.trackers is the one that names trackers): false "
+                           "turns TensorBoard's event files off even when log.trackers names it")
     progress_bar: bool = _f(True, "rank 0 shows a progress bar with throughput and ETA when stdout is a terminal "
                             "(never in logs or pipes)")
     nonfinite: str = _f("error", "on a NaN or infinite gradient: 'error' stops naming the step, 'skip' drops "
@@ -178,6 +178,9 @@ class CheckpointConfig:
     best_mode: str = _f("max", "whether a larger or smaller best_metric is better", choices=("max", "min"))
 
 
+TRACKER_NAMES = ("tensorboard", "mlflow", "wandb")
+
+
 @dataclass
 class LogConfig:
     """Where rank 0 reports a run: experiment trackers (one run per job, continued by --resume)."""
@@ -192,6 +195,14 @@ class LogConfig:
     wandb_entity: str | None = _f(None, "Weights & Biases team or user (None: the account's default)")
     log_checkpoint: str = _f("none", "checkpoint logged to the trackers as an artifact at the end",
                              choices=("none", "best", "final"))
+
+    def check(self) -> None:
+        """Every name in ``trackers`` is a known tracker (or the list is ``none``)."""
+        names = [part.strip().lower() for part in (self.trackers or "").split(",") if part.strip()]
+        unknown = [n for n in names if n not in TRACKER_NAMES] if names != ["none"] else []
+        if unknown:
+            raise ConfigError(f"log.trackers: {unknown[0]!r} is not a tracker; choose from "
+                              f"{', '.join(TRACKER_NAMES)} (comma-separated) or none")
 
 
 @dataclass

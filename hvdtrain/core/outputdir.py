@@ -29,6 +29,9 @@ LOCK_FILE = ".hvdtrain.lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl")
 RUN_PATTERNS = ("metrics.jsonl.abandoned-*", "events.out.tfevents.*")
 CHECKPOINT_DIR = "checkpoints"
+# the trackers' run ids and W&B's run files (hvdtrain/observability/trackers): a fresh run that failed
+# before its first epoch leaves them, and the next run must start new tracker runs, not continue those
+TRACKER_LEFTOVERS = ("trackers.json", "wandb")
 UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # flock errors of file systems without locks
 
 
@@ -52,7 +55,8 @@ def run_files(output: Path) -> list[str]:
 def discard_unfinished(output: Path) -> list[str]:
     """After a fresh run (its output held no run when it started) failed before it finished an
     epoch or wrote a checkpoint: remove what it wrote (``config.yaml``, event files, half-written
-    ``checkpoints/.tmp-*``), so that the next run is not refused as a reuse. Returns the names
+    ``checkpoints/.tmp-*``, the trackers' run ids), so that the next run is not refused as a reuse
+    and opens tracker runs of its own. Returns the names
     removed; nothing when ``metrics.jsonl`` or a checkpoint exists (that run can be resumed)."""
     output = Path(output)
     checkpoints = output / CHECKPOINT_DIR
@@ -60,7 +64,8 @@ def discard_unfinished(output: Path) -> list[str]:
     if (output / "metrics.jsonl").exists() or kept:
         return []
     removed = []
-    for path in [output / "config.yaml", *output.glob("events.out.tfevents.*"),
+    leftovers = [output / name for name in TRACKER_LEFTOVERS if (output / name).exists()]
+    for path in [output / "config.yaml", *output.glob("events.out.tfevents.*"), *leftovers,
                  *(checkpoints.glob(".tmp-*") if checkpoints.is_dir() else [])]:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

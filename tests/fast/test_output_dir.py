@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from envguard import isolate_environ
 from numpy_adapter import N_TRAIN, NumpyAdapter, register_toy_recipe
 from toyrun import Interrupt, StopAt, fit, snapshot_tree, without_timing
 
@@ -115,11 +117,14 @@ def test_the_lock_of_another_process_refuses_and_a_killed_holders_lock_does_not(
     assert run.names() == ["epoch-0001"]
 
 
-def test_a_new_run_that_fails_before_its_first_epoch_leaves_the_output_unused(tmp_path):
-    """Otherwise its config.yaml (and event files) would make the corrected rerun a refused reuse."""
+def test_a_new_run_that_fails_before_its_first_epoch_leaves_the_output_unused(tmp_path, monkeypatch):
+    """Otherwise its config.yaml (and event files) would make the corrected rerun a refused reuse,
+    and its trackers' run ids (a real W&B run, offline) would make the rerun continue that run."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    isolate_environ(monkeypatch, ["WANDB_SERVICE"])  # set by the wandb client for its service process
     register_toy_recipe(nan_samples=range(N_TRAIN))  # the first step's gradient is NaN: the run stops
     with pytest.raises(TrainingError, match="not finite"):
-        fit(tmp_path, "train.tensorboard=true")
+        fit(tmp_path, "log.trackers=tensorboard,wandb")
     assert [p.name for p in tmp_path.iterdir()] == []
     register_toy_recipe()
     assert fit(tmp_path, "train.epochs=1").names() == ["epoch-0001"]
