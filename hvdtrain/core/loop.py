@@ -45,7 +45,7 @@ from hvdtrain.core.registry import get_builder, get_recipe
 from hvdtrain.core.resume import METRICS_FILE, Position
 from hvdtrain.core.saving import CheckpointPolicy
 from hvdtrain.core.schedule import build_schedule, schedule_step
-from hvdtrain.core.visibility import default_callbacks, run_callbacks
+from hvdtrain.core.visibility import check_trackers, default_callbacks, run_callbacks
 from hvdtrain.core.watchdog import StallWatchdog
 
 CONFIG_FILE = "config.yaml"
@@ -110,6 +110,7 @@ class Trainer:
         rules.check(cfg)  # the rulebook: what reads only the config, before Horovod starts
         ctx = self.ctx = adapter.init(cfg)
         rules.check_job(cfg, ctx)  # ... and what needs the job
+        check_trackers(cfg, adapter, ctx)  # MLflow/W&B reachable from rank 0, or every rank stops here
         self.lock = OutputLock(Path(cfg.output))  # rank 0 takes it when it plans, holds it to the end
         self.fresh_output = False  # set when the agreed start is a new run into an unused output
         try:
