@@ -8,7 +8,7 @@ started from scripts/mlflow-server.sh, SQLite backend) and W&B offline (B), ``tr
 job's metrics.jsonl (the first epoch holds the warm-up) and prints the median of each and of the
 per-round ratios B/A::
 
-    .venv/bin/python benchmarks/trackers_overhead.py [ROUNDS] [FRAMEWORK]
+    .venv/bin/python benchmarks/trackers_overhead.py [ROUNDS] [FRAMEWORK] [LOG_EVERY (default 5)]
 
 On a busy machine the jobs' rates vary by several percent from run to run; ``--calls`` measures
 instead what rank 0 spends inside the trackers' callback, in-process (no training): the wall time
@@ -34,13 +34,15 @@ from trackers_support import mlflow_server  # noqa: E402
 
 BIN = Path(sys.executable).parent
 JOB = ["--epochs", "2", "--batch-size", "32", "--set", "data.max_train_samples=6144", "--set",
-       "data.max_val_samples=512", "--set", "train.log_every=5", "--set", "checkpoint.enabled=false"]
+       "data.max_val_samples=512", "--set", "checkpoint.enabled=false"]
+LOG_EVERY = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[1] != "--calls" else 5  # train.log_every
 
 
 def job(framework: str, output: Path, trackers: str, env: dict[str, str]) -> float:
     """Last epoch's samples/s of one 2-rank job."""
     subprocess.run([BIN / "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", BIN / "hvdtrain", "recipe",
                     "image-classification", "--framework", framework, "--output", output, *JOB,
+                    "--set", f"train.log_every={LOG_EVERY}",
                     "--set", f"log.trackers={trackers}"], check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines() if line.strip()]
