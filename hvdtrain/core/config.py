@@ -181,6 +181,19 @@ class CheckpointConfig:
 TRACKER_NAMES = ("tensorboard", "mlflow", "wandb")
 
 
+def tracker_names(value: str | None) -> list[str]:
+    """``log.trackers`` as the tracker names in the order given, each once (``none`` or empty: no
+    tracker); an unknown name is a :class:`ConfigError` naming the allowed ones."""
+    names = [part.strip().lower() for part in (value or "").split(",") if part.strip()]
+    if names == ["none"]:
+        return []
+    unknown = [n for n in names if n not in TRACKER_NAMES]
+    if unknown:
+        raise ConfigError(f"log.trackers: {unknown[0]!r} is not a tracker; choose from "
+                          f"{', '.join(TRACKER_NAMES)} (comma-separated) or none")
+    return list(dict.fromkeys(names))
+
+
 @dataclass
 class LogConfig:
     """Where rank 0 reports a run: experiment trackers (one run per job, continued by --resume)."""
@@ -198,11 +211,7 @@ class LogConfig:
 
     def check(self) -> None:
         """Every name in ``trackers`` is a known tracker (or the list is ``none``)."""
-        names = [part.strip().lower() for part in (self.trackers or "").split(",") if part.strip()]
-        unknown = [n for n in names if n not in TRACKER_NAMES] if names != ["none"] else []
-        if unknown:
-            raise ConfigError(f"log.trackers: {unknown[0]!r} is not a tracker; choose from "
-                              f"{', '.join(TRACKER_NAMES)} (comma-separated) or none")
+        tracker_names(self.trackers)
 
 
 @dataclass

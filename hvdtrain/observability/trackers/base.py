@@ -7,7 +7,7 @@ import importlib.metadata
 import sys
 from typing import Any
 
-from hvdtrain.core.config import TRACKER_NAMES
+from hvdtrain.core.config import TRACKER_NAMES, tracker_names
 from hvdtrain.core.errors import TrainingError
 
 TRACKERS = TRACKER_NAMES  # declared with log.trackers in hvdtrain/core/config.py
@@ -23,15 +23,9 @@ class TrackerError(TrainingError):
 
 def parse_trackers(value: str | None) -> list[str]:
     """``log.trackers`` as a list of names in the order given (``none`` or empty: no tracker);
-    an unknown name is a :class:`TrackerError` naming the allowed ones."""
-    names = [part.strip().lower() for part in (value or "").split(",") if part.strip()]
-    if names == ["none"]:
-        return []
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown:
-        raise TrackerError(f"log.trackers={value!r}: unknown tracker {unknown[0]!r}; choose from "
-                           f"{', '.join(TRACKERS)} (comma-separated) or none")
-    return list(dict.fromkeys(names))
+    checked where the key is declared (:func:`hvdtrain.core.config.tracker_names`: an unknown name
+    is a ConfigError when the config is read)."""
+    return tracker_names(value)
 
 
 class Tracker:
