@@ -149,20 +149,26 @@ def test_the_tracking_uri_comes_from_mlflow_tracking_uri(tmp_path, mlflow_uri, m
     assert [a.path for a in MlflowClient(mlflow_uri).list_artifacts(run.info.run_id)] == ["checkpoint-best"]
 
 
-@pytest.mark.parametrize("key, says", [(None, "no W&B login for"), ("a" * 40, "cannot log in to W&B at")])
-def test_wandb_online_without_a_login_or_a_server_stops_the_run_before_training(tmp_path, monkeypatch, key, says):
+@pytest.mark.parametrize("login, says", [(None, "no W&B login for"), ("env", "cannot log in to W&B at"),
+                                         ("netrc", "cannot log in to W&B at")])
+def test_wandb_online_without_a_login_or_a_server_stops_the_run_before_training(tmp_path, monkeypatch, login, says):
+    """No key at all; or a key (from WANDB_API_KEY, or the netrc entry `wandb login` writes for the
+    host) but nothing answers at WANDB_BASE_URL. The check is one HTTP request: it starts no W&B
+    service process, so nothing is left running to hold the process's exit."""
+    port = free_port()
     monkeypatch.setenv("WANDB_MODE", "online")
-    if key is None:
-        monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    else:  # a key, but nothing answers at WANDB_BASE_URL
-        monkeypatch.setenv("WANDB_API_KEY", key)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
-    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    if login == "env":
+        monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    elif login == "netrc":
+        (tmp_path / "netrc").write_text(f"machine 127.0.0.1\n  login user\n  password {'b' * 40}\n")
+        (tmp_path / "netrc").chmod(0o600)
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")
-    with pytest.raises(TrackerError, match=rf"log.trackers=wandb: {says} http://127.0.0.1:\d+.*WANDB_MODE=offline"):
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    with pytest.raises(TrackerError, match=rf"log.trackers=wandb: {says} http://127.0.0.1:{port}.*WANDB_MODE=offline"):
         fit(tmp_path / "nologin", "log.trackers=wandb")
-    wandb.teardown()  # W&B's process-wide login state goes with this test
     assert not (tmp_path / "nologin" / "metrics.jsonl").exists()
 
 

@@ -88,10 +88,53 @@ def wandb_mode() -> str:
     return "offline" if mode == "dryrun" else mode
 
 
+def wandb_key(host: str) -> str | None:
+    """The API key W&B would use for ``host``: ``WANDB_API_KEY``, else the netrc entry for its host
+    (``NETRC``, else ``~/.netrc``), as ``wandb login`` writes it."""
+    if os.environ.get("WANDB_API_KEY"):
+        return os.environ["WANDB_API_KEY"]
+    import netrc
+    from urllib.parse import urlparse
+
+    path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(urlparse(host).hostname or "")
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return entry[2] if entry else None
+
+
+def verify_wandb_key(host: str, key: str) -> str | None:
+    """Ask the W&B server at ``host`` who the key belongs to (its GraphQL ``viewer``), once, with a
+    timeout: None when it answers with a user, else the reason. Plain HTTP, as W&B's own API does it:
+    ``wandb.login(verify=True)`` starts W&B's service process, which keeps retrying an unreachable
+    server after the call has given up and holds the exit of the process that started it."""
+    import base64
+    import json
+    import urllib.error
+    import urllib.request
+
+    token = base64.b64encode(f"api:{key}".encode()).decode()
+    request = urllib.request.Request(
+        host.rstrip("/") + "/graphql", data=json.dumps({"query": "query { viewer { id } }"}).encode(),
+        headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_SEC) as response:
+            answer = json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return f"the server refused the key (HTTP {exc.code})" if exc.code in (401, 403) else f"HTTP {exc.code}"
+    except OSError as exc:  # URLError is one: refused, DNS, timeout, TLS
+        return f"no answer: {_short(getattr(exc, 'reason', exc))}"
+    except ValueError:
+        return "the answer is not W&B's JSON"
+    viewer = (answer.get("data") or {}).get("viewer") if isinstance(answer, dict) else None
+    return None if viewer else "the server knows no user for this key"
+
+
 def check_wandb(config: Any) -> None:
     """The wandb package imports; online, a login exists and the W&B server accepts it."""
     try:
-        import wandb
+        import wandb  # noqa: F401
     except ImportError as exc:
         raise TrackerError(f"log.trackers=wandb: the wandb client is not installed ({exc}); {INSTALL_HINT}") from None
     mode = wandb_mode()
@@ -102,12 +145,14 @@ def check_wandb(config: Any) -> None:
         return
     host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
     fix = "run `wandb login` (or set WANDB_API_KEY), or log offline with WANDB_MODE=offline and `wandb sync` later"
-    try:
-        ok = wandb.login(verify=True, prompt=False, timeout=TIMEOUT_SEC)
-    except Exception as exc:
-        raise TrackerError(f"log.trackers=wandb: cannot log in to W&B at {host} ({_short(exc)}); {fix}") from None
-    if not ok:
+    if os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return  # federated identity: W&B exchanges the token itself; nothing to check with a key
+    key = wandb_key(host)
+    if not key:
         raise TrackerError(f"log.trackers=wandb: no W&B login for {host}; {fix}")
+    reason = verify_wandb_key(host, key)
+    if reason:
+        raise TrackerError(f"log.trackers=wandb: cannot log in to W&B at {host} ({reason}); {fix}")
 
 
 CHECKS = {"mlflow": check_mlflow, "wandb": check_wandb}
