@@ -98,7 +98,12 @@ SCRIPT = textwrap.dedent('''
         return task
 
 
+    def interrupt_button(signum, frame):  # the caller's own handler, as a notebook kernel installs one
+        raise KeyboardInterrupt
+
+
     if __name__ == "__main__":
+        signal.signal(signal.SIGINT, interrupt_button)  # whatever SIGINT was at start (ignored in a background job)
         done, seen, answers = threading.Event(), set(), []
         threading.Thread(target=attack, args=(done, seen, answers), daemon=True).start()
         started = time.time()
@@ -109,7 +114,7 @@ SCRIPT = textwrap.dedent('''
             print("REPORT " + json.dumps({
                 "rank": err.rank, "type": err.exc_type, "message": err.message, "text": str(err),
                 "original": repr(err.exception), "seconds": time.time() - started,
-                "sigint_restored": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+                "sigint_restored": signal.getsignal(signal.SIGINT) is interrupt_button,
                 "ports": sorted(seen), "answers": answers}))
         done.set()
 ''')
