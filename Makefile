@@ -1,6 +1,6 @@
 # hvdtrain: the two commands the README promises.
 #   make demo   set up (idempotent) and train the image recipe on 2 ranks, torch and TensorFlow, on MNIST
-#   make test   set up (idempotent) and run the whole test suite
+#   make test   set up (idempotent) and run the whole test suite in two pytest workers (TEST_WORKERS=0: in one process)
 #   make test-fast   set up (idempotent) and run the fast lane: unit tests and the in-process Trainer tests (under 3 minutes)
 #   make docker-cpu   build the CPU image hvdtrain:cpu (scripts/docker-build.sh; README: Docker images)
 VENV ?= .venv
@@ -11,6 +11,8 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 NP ?= 2
 DEMO_OUT ?= runs/demo
 PYTEST_ARGS ?=
+# make test runs its modules in this many pytest-xdist workers, a module whole in one, longest first (tests/conftest.py)
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo demo-torch demo-tensorflow test test-unit test-fast bench clean docker-cpu test-cluster
 
@@ -21,7 +23,7 @@ demo: setup
 	bash scripts/demo.sh $(NP) $(DEMO_OUT)
 
 test: setup
-	$(PY) -m pytest tests -ra --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest tests -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

@@ -13,10 +13,16 @@ Markers (registered in ``pyproject.toml``) are given here by place, so that one 
 unit, in-process and real-job alike, are selected together (``pytest -m resume``): every test in a
 folder of real ``horovodrun`` jobs is ``distributed``; tests/fast is ``fast`` (its conftest); the
 files below carry their feature's marker.
+
+``make test`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadfile``: a module runs
+whole in one worker). The modules are handed out longest first, by the seconds each took in a run
+in one process (``tests/module_seconds.json``), so the workers end together instead of one of them
+finishing a long module alone at the end.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -30,6 +36,9 @@ import hvdtrain  # noqa: E402,F401
 
 TESTS = Path(__file__).resolve().parent
 JOB_FOLDERS = ("distributed", "reliability", "cluster")  # every test launches real horovodrun jobs
+MODULE_SECONDS = {name: seconds for name, seconds in json.loads((TESTS / "module_seconds.json").read_text()).items()
+                  if not name.startswith("_")}
+NEW_JOB_MODULE_SECONDS = 30  # a module not yet measured that launches jobs: ahead of the in-process ones
 FEATURES = {  # test file (relative to tests/) -> its feature markers; tests/fast files mark themselves
     "unit/test_checkpoint.py": ("checkpoint",),
     "unit/test_schedule.py": ("lr_schedule",),
@@ -49,16 +58,27 @@ FEATURES = {  # test file (relative to tests/) -> its feature markers; tests/fas
 }
 
 
+def expected_seconds(where: Path) -> float:
+    """How long the module at ``where`` (relative to tests/) is expected to take."""
+    if where.as_posix() in MODULE_SECONDS:
+        return MODULE_SECONDS[where.as_posix()]
+    return NEW_JOB_MODULE_SECONDS if where.parts[0] in JOB_FOLDERS + ("integration",) else 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seconds: dict[int, float] = {}
     for item in items:
         try:
             where = Path(str(item.path)).resolve().relative_to(TESTS)
         except ValueError:
+            seconds[id(item)] = 0
             continue
+        seconds[id(item)] = expected_seconds(where)
         if where.parts[0] in JOB_FOLDERS and item.get_closest_marker("distributed") is None:
             item.add_marker(pytest.mark.distributed)
         for name in FEATURES.get(where.as_posix(), ()):
             item.add_marker(getattr(pytest.mark, name))
+    items.sort(key=lambda item: -seconds[id(item)])  # stable: a module's tests keep their order
 
 
 @pytest.fixture(autouse=True)
