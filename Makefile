@@ -23,7 +23,7 @@ demo: setup
 	bash scripts/demo.sh $(NP) $(DEMO_OUT)
 
 test: setup
-	$(PY) -m pytest tests -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest tests -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

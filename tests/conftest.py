@@ -17,7 +17,8 @@ files below carry their feature's marker.
 ``make test`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadfile``: a module runs
 whole in one worker). The modules are handed out longest first, by the seconds each took in a run
 in one process (``tests/module_seconds.json``), so the workers end together instead of one of them
-finishing a long module alone at the end.
+finishing a long module alone at the end (``--no-loadscope-reorder`` keeps this order; xdist would
+otherwise hand out the modules with the most tests first).
 """
 
 from __future__ import annotations
