@@ -267,7 +267,7 @@ class CommConfig:
 @dataclass
 class ParallelConfig:
     """Model parallelism: pipeline stages across ranks, combined with data parallelism
-    (see :mod:`hvdtrain.core.pipeline`)."""
+    (see :mod:`hvdtrain.core.pipeline`); the optimizer state sharded across the data-parallel ranks."""
 
     pipeline_stages: int = _f(1, "cut the model into this many consecutive stages on neighbouring ranks; the "
                               "world size must divide by it and the world is stages x replicas (1: pure data "
@@ -277,6 +277,10 @@ class ParallelConfig:
                             "batch", min=1)
     cut: Any = _f("balanced", "where the model's blocks are cut: 'balanced' (equal parameter counts as far as "
                   "possible) or a list of S-1 block boundaries such as [3]")
+    shard_optimizer: str = _f("none", "'optimizer' (ZeRO-1): each rank keeps and updates 1/N of the optimizer "
+                              "state and the updated parameters are all-gathered, the update equal to data "
+                              "parallelism's; checkpoints keep the whole state (PyTorch)",
+                              choices=("none", "optimizer"))
 
     def check(self) -> None:
         """The cut must be 'balanced' or block boundaries (whether they fit the model is known only

@@ -216,6 +216,34 @@ def adasum_with_finetune(config: Any) -> str | None:
     return None
 
 
+def sharded_optimizer_with(config: Any) -> str | None:
+    """The sharded optimizer (ZeRO-1) updates a flat slice of every parameter group from the averaged
+    gradients and all-gathers the result: it needs the whole averaged gradient, the whole model on
+    every rank and a fixed set of ranks."""
+    mode = config.parallel.shard_optimizer
+    if mode == "none":
+        return None
+    key = f"parallel.shard_optimizer={mode}"
+    if config.framework != "torch":
+        return f"{key} is built for PyTorch only so far; use --framework torch, or parallel.shard_optimizer=none"
+    stages = config.parallel.pipeline_stages
+    conflicts = (
+        (stages > 1, f"parallel.pipeline_stages={stages}", "each stage updates its own part of the model"),
+        (_exchange_key(config), _exchange_key(config), "the sharded update needs the averaged gradient itself"),
+        (config.comm.reduction == "adasum", "comm.reduction=adasum", "Adasum combines whole updates"),
+        (config.train.elastic, "train.elastic=true", "a re-formed job would have to re-shard the optimizer state "
+                                                     "in memory"),
+        (config.model.freeze_backbone_epochs > 0, f"model.freeze_backbone_epochs={config.model.freeze_backbone_epochs}",
+         "the flat slices update every parameter, a frozen backbone's too"),
+        (config.comm.overlap == "always", "comm.overlap=always", "the flat gradients are averaged after the "
+                                                                 "backward pass"),
+    )
+    for clash, other, why in conflicts:
+        if clash:
+            return f"{key} cannot be combined with {other}: {why}; use parallel.shard_optimizer=none, or drop {other}"
+    return None
+
+
 def early_stopping_metric(config: Any) -> str | None:
     """Early stopping watches a metric every rank agrees on (``train_loss`` or ``val_*``: computed
     from allreduced values), so all ranks stop after the same epoch; it needs one to watch. Whether
@@ -228,6 +256,7 @@ CONFIG_RULES: tuple[Callable[[Any], str | None], ...] = (
     error_feedback_with_loss_scaling, overlap_with_exchange, elastic_with_tuning, pipeline_with_elastic,
     pipeline_with_exchange, pipeline_with_accumulation, pipeline_with_adasum, pipeline_with_mixed_precision,
     pipeline_micro_batches, early_stopping_metric, pipeline_with_finetune, adasum_with_finetune,
+    sharded_optimizer_with,
 )
 
 

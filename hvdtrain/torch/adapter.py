@@ -34,6 +34,7 @@ from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch.compression import Allreduce, build_exchange
 from hvdtrain.torch.finetune import LR_FACTOR, BackboneControl, head_parameters
+from hvdtrain.torch.sharded import FlatAllreduce, ShardedOptimizer
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -104,7 +105,11 @@ class TorchAdapter(FrameworkAdapter):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = self._fine_tuning(task, config)
         plan = comm_plan(config)
-        if plan is None:
+        if config.parallel.shard_optimizer == "optimizer":  # ZeRO-1 (hvdtrain.torch.sharded; the rulebook allowed it)
+            self.optimizer = ShardedOptimizer(optimizer)
+            self.exchange = FlatAllreduce(self.optimizer, compression)
+            self.overlap = False  # the flat gradients are averaged once per update
+        elif plan is None:
             self.optimizer = hvd.DistributedOptimizer(
                 optimizer, named_parameters=self.model.named_parameters(),
                 compression=compression, backward_passes_per_step=self.accumulation,
@@ -161,6 +166,10 @@ class TorchAdapter(FrameworkAdapter):
         # step 2, shrinking the first update to about 0.74 of its size) and coupled weight decay
         # would seed the moments, so when rank 0 has no state yet (a fresh start) the state that
         # step created is dropped again afterwards: every optimizer starts as a fresh one would.
+        if isinstance(self.optimizer, ShardedOptimizer):  # each rank keeps its slice of rank 0's whole state
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=root_rank)  # distributed
+            self.optimizer.broadcast(root_rank)  # distributed
+            return
         fresh = self.broadcast_object(len(self.optimizer.state) == 0, root_rank)  # distributed
         for group in self.optimizer.param_groups:
             group["lr"] = 0.0
@@ -184,6 +193,10 @@ class TorchAdapter(FrameworkAdapter):
         with torch.no_grad():
             for buffer, value in zip(buffers, averaged):
                 buffer.copy_(value)
+
+    def gather_state(self) -> None:
+        if isinstance(self.optimizer, ShardedOptimizer):
+            self.optimizer.gather()  # distributed: rank 0 holds the whole optimizer state to save
 
     def reseed(self, seed: int) -> None:
         torch.manual_seed(seed)  # CPU and every CUDA device: dropout masks

@@ -1,0 +1,273 @@
+"""Optimizer state sharded across ranks (ZeRO-1, ``parallel.shard_optimizer=optimizer``) on Horovod's
+collectives, for PyTorch.
+
+Each of the recipe optimizer's parameter groups is laid out as one flat buffer: its trainable
+parameters concatenated in order, zero-padded to a multiple of the world size ``N``
+(:class:`FlatLayout`). Rank ``r`` owns the ``r``-th ``1/N`` slice of every buffer and keeps the
+optimizer state of that slice only: a copy of the recipe's optimizer (same class, same
+hyperparameters per group) over one flat tensor per group. One update:
+
+1. :class:`FlatAllreduce` (the run's gradient exchange) averages the flat gradient buffers with one
+   grouped allreduce and leaves the averaged gradients in each ``p.grad``, so the adapter's finite
+   check, global-norm clipping and loss-scaler unscaling see the same gradients as under data
+   parallelism;
+2. :meth:`ShardedOptimizer.step` steps the shard optimizer on this rank's slice of the (clipped)
+   gradients, then one grouped allgather of the updated slices writes the whole model back on every
+   rank.
+
+The update is the data-parallel one element by element, because the optimizers allowed
+(:data:`ELEMENTWISE`) update each element from that element's gradient and state alone; an optimizer
+that mixes elements (Adafactor's factored moments, LAMB's per-tensor trust ratio) would see flat
+slices instead of tensors, and is refused.
+
+**Checkpoints keep today's format.** Before rank 0 writes one, every rank takes part in
+:meth:`ShardedOptimizer.gather` (one grouped allgather per state key), which rebuilds the recipe
+optimizer's own ``state_dict()`` on rank 0: a sharded run's checkpoint resumes under data parallelism
+and the other way round, and at any world size. On resume rank 0 loads that state into the recipe's
+optimizer; :meth:`ShardedOptimizer.broadcast` sends it to every rank, each keeps its slice, and the
+full copy is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+
+from hvdtrain.core.config import ConfigError
+from hvdtrain.core.exchange import Stateless
+
+#: Optimizers whose update of an element depends on that element's gradient and state only.
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad")
+
+
+class FlatLayout:
+    """Where each of ``params`` lies in one flat buffer padded to a multiple of ``size``, and which
+    slice of it rank ``rank`` owns."""
+
+    def __init__(self, params: list[torch.Tensor], size: int, rank: int) -> None:
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) > 1:
+            raise ConfigError(f"parallel.shard_optimizer: a parameter group holds tensors of several dtypes "
+                              f"({', '.join(sorted(str(d) for d in dtypes))}); put each dtype in its own group")
+        self.params = params
+        self.numels = [p.numel() for p in params]
+        self.total = sum(self.numels)
+        self.shard = max(1, math.ceil(self.total / size))
+        self.padded = self.shard * size
+        self.start = rank * self.shard
+
+    def flatten(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
+        """The tensors (None: zeros) concatenated and zero-padded to the buffer's length."""
+        like = self.params[0]
+        pieces = [t.reshape(-1) if t is not None else torch.zeros(n, dtype=like.dtype, device=like.device)
+                  for t, n in zip(tensors, self.numels)]
+        if self.padded > self.total:
+            pieces.append(torch.zeros(self.padded - self.total, dtype=like.dtype, device=like.device))
+        return torch.cat(pieces)
+
+    def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """``flat`` (a whole buffer) cut back into tensors shaped like the parameters."""
+        return [piece.view_as(p) for piece, p in zip(torch.split(flat[:self.total], self.numels), self.params)]
+
+    def mine(self, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of a whole buffer."""
+        return flat[self.start:self.start + self.shard]
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse an optimizer whose update is not element by element (see the module docstring)."""
+    name = type(optimizer).__name__
+    if name not in ELEMENTWISE:
+        raise ConfigError(f"parallel.shard_optimizer=optimizer: the recipe's optimizer {name} is not one whose "
+                          f"update works element by element on a flat slice; use one of {', '.join(ELEMENTWISE)}, "
+                          f"or parallel.shard_optimizer=none")
+
+
+class ShardedOptimizer:
+    """The recipe's ``optimizer`` with its state sharded across the ranks (ZeRO-1).
+
+    It answers what the adapter asks of an optimizer: ``param_groups`` (the recipe optimizer's own:
+    the learning rate is set there), ``step``, ``zero_grad``, ``state``, ``state_dict`` and
+    ``load_state_dict`` (the recipe optimizer's whole state, see :meth:`gather`)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        check_optimizer(optimizer)
+        self.optimizer = optimizer  # holds the hyperparameters; its state only while loading or saving
+        self.size, self.rank = hvd.size(), hvd.rank()
+        self.layouts: list[FlatLayout] = []
+        shards, groups = [], []
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                params = [p for p in group["params"] if p.requires_grad]
+                if not params:
+                    raise ConfigError("parallel.shard_optimizer: a parameter group has no trainable parameter")
+                layout = FlatLayout(params, self.size, self.rank)
+                shard = torch.nn.Parameter(layout.mine(layout.flatten([p.detach() for p in params])).clone())
+                self.layouts.append(layout)
+                shards.append(shard)
+                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": [shard]})
+        self.shards = shards
+        # the gradients live in one flat buffer per group: each p.grad is a view of it, so the backward
+        # pass accumulates into the buffer and the exchange averages it in place (no copies)
+        self.grad_flats = [torch.zeros(layout.padded, dtype=layout.params[0].dtype, device=layout.params[0].device)
+                           for layout in self.layouts]
+        self._attach_grads()
+        accepted = inspect.signature(type(optimizer).__init__).parameters  # AdamW's defaults hold more
+        self.inner = type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+        self._full: dict[str, Any] | None = None  # rank 0, between gather() and state_dict()
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The recipe optimizer's groups (the whole parameters, the hyperparameters to use)."""
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        """This rank's shard state (empty before the first update)."""
+        return self.inner.state
+
+    @torch.no_grad()
+    def _attach_grads(self) -> None:
+        """Make every ``p.grad`` a view of its group's flat buffer again (after something replaced one)."""
+        for layout, flat in zip(self.layouts, self.grad_flats):
+            for p, view in zip(layout.params, layout.split(flat)):
+                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                    if p.grad is not None:
+                        view.copy_(p.grad)
+                    p.grad = view
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the flat gradient buffers (the gradients stay views of them)."""
+        for flat in self.grad_flats:
+            flat.zero_()
+        for shard in self.shards:
+            shard.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Update this rank's slice from the averaged gradients in ``p.grad``, then all-gather the
+        updated slices into every parameter (a collective)."""
+        for group, inner in zip(self.optimizer.param_groups, self.inner.param_groups):
+            inner.update({k: v for k, v in group.items() if k != "params"})  # the LR the schedule set
+        self._attach_grads()
+        for layout, shard, flat in zip(self.layouts, self.shards, self.grad_flats):
+            shard.grad = layout.mine(flat)
+        self.inner.step()
+        whole = hvd.grouped_allgather([s.detach() for s in self.shards], name="hvdtrain.zero.params")  # distributed
+        for layout, flat in zip(self.layouts, whole):
+            for p, value in zip(layout.params, layout.split(flat)):
+                p.copy_(value)
+
+    # -- the recipe optimizer's state, whole, for checkpoints ------------------------------------
+
+    def _index(self) -> dict[int, int]:
+        """``id(param) -> index`` in the recipe optimizer's ``state_dict()`` numbering."""
+        order = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return {id(p): i for i, p in enumerate(order)}
+
+    @torch.no_grad()
+    def gather(self) -> None:
+        """Every rank: bring the shards' state together; rank 0 keeps it as the recipe optimizer's
+        ``state_dict()`` for :meth:`state_dict` (a collective: one grouped allgather)."""
+        keys = sorted({k for shard in self.shards for k, v in self.inner.state.get(shard, {}).items()
+                       if torch.is_tensor(v) and v.dim() == 1})
+        tensors = [self.inner.state[shard][k] if k in self.inner.state.get(shard, {}) else torch.zeros_like(shard)
+                   for shard in self.shards for k in keys]
+        whole = hvd.grouped_allgather(tensors, name="hvdtrain.zero.state") if tensors else []  # distributed
+        if self.rank != 0:
+            return
+        index, state = self._index(), {}
+        flats = iter(whole)
+        for layout, shard in zip(self.layouts, self.shards):
+            shard_state = self.inner.state.get(shard, {})
+            scalars = {k: v.clone() if torch.is_tensor(v) else v for k, v in shard_state.items()
+                       if not (torch.is_tensor(v) and v.dim() == 1)}
+            per_key = {k: layout.split(next(flats)) for k in keys}
+            for i, p in enumerate(layout.params):
+                if shard_state:
+                    state[index[id(p)]] = {**{k: v.clone() if torch.is_tensor(v) else v for k, v in scalars.items()},
+                                           **{k: per_key[k][i].clone() for k in keys}}
+        groups = []
+        for group in self.optimizer.param_groups:
+            groups.append({**{k: v for k, v in group.items() if k != "params"},
+                           "params": [index[id(p)] for p in group["params"]]})
+        self._full = {"state": state, "param_groups": groups}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The recipe optimizer's whole ``state_dict()`` (rank 0, after :meth:`gather`)."""
+        if self._full is None:
+            raise RuntimeError("ShardedOptimizer.state_dict: gather() must run on every rank first")
+        full, self._full = self._full, None
+        return full
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Rank 0, on resume: the recipe optimizer's whole state (any world size, sharded or not);
+        :meth:`broadcast` shares it out."""
+        self.optimizer.load_state_dict(state)
+
+    @torch.no_grad()
+    def _take_parameters(self) -> None:
+        """Each shard's values from the parameters (after they were loaded or broadcast)."""
+        for layout, shard in zip(self.layouts, self.shards):
+            shard.copy_(layout.mine(layout.flatten([p.detach() for p in layout.params])))
+
+    @torch.no_grad()
+    def broadcast(self, root_rank: int = 0) -> None:
+        """Every rank, after the parameters were broadcast: take this rank's slice of the parameters
+        and of the root's whole optimizer state (what it loaded; a fresh start has none), and drop
+        the whole copy (a collective)."""
+        full = hvd.broadcast_object(self.optimizer.state_dict() if self.rank == root_rank else None,  # distributed
+                                    root_rank=root_rank, name="hvdtrain.zero.load")
+        self.optimizer.state.clear()
+        self.inner.state.clear()
+        self._take_parameters()
+        if not full["state"]:
+            return
+        index = self._index()
+        for layout, shard in zip(self.layouts, self.shards):
+            states = [full["state"].get(index[id(p)], {}) for p in layout.params]
+            present = [s for s in states if s]
+            if not present:
+                continue
+            entry: dict[str, Any] = {}
+            for key, value in present[0].items():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    tensors = [s[key].to(shard.device, shard.dtype) if key in s else None for s in states]
+                    entry[key] = layout.mine(layout.flatten(tensors)).clone()
+                else:
+                    entry[key] = value.clone() if torch.is_tensor(value) else value
+            self.inner.state[shard] = entry
+
+
+class FlatAllreduce(Stateless):
+    """ZeRO-1's gradient exchange: each parameter group's gradients averaged as one flat buffer (one
+    grouped allreduce per update, in place, optional float16 on the wire)."""
+
+    def __init__(self, optimizer: ShardedOptimizer, compression: Any) -> None:
+        self.optimizer, self.compression = optimizer, compression
+
+    @torch.no_grad()
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """Average every rank's gradients in their flat buffers (a collective, in place: each ``p.grad``
+        is a view of one). One process has nothing to average (nor does Horovod's
+        ``DistributedOptimizer`` then). Float16 on the wire as Horovod's ``Compression.fp16`` does it:
+        cast, averaged in float16, cast back."""
+        optimizer = self.optimizer
+        optimizer._attach_grads()
+        if optimizer.size > 1:
+            flats = optimizer.grad_flats
+            wire = [f.to(torch.float16) for f in flats] if self.compression is hvd.Compression.fp16 else flats
+            hvd.grouped_allreduce_(wire, op=hvd.Average, name="hvdtrain.zero.grads")  # distributed
+            if wire is not flats:
+                for flat, sent in zip(flats, wire):
+                    flat.copy_(sent)
+        return [p.grad for layout in optimizer.layouts for p in layout.params]
+
+    def stepping(self) -> Any:
+        """Nothing around ``optimizer.step()``: the sharded optimizer is stepped directly."""
+        return contextlib.nullcontext()
