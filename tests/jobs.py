@@ -58,6 +58,19 @@ def run_metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def assert_same_run(a: dict, b: dict, a_out: Path, b_out: Path) -> None:
+    """Two runs ended alike, bitwise: the same weights (``a``, ``b``: :func:`checkpoint_weights`) and,
+    epoch by epoch, the same losses, accuracy and step in their ``metrics.jsonl``."""
+    import numpy as np
+
+    assert a.keys() == b.keys()
+    for key in a:
+        assert np.array_equal(a[key], b[key]), f"{key} differs after resume"
+    for row_a, row_b in zip(run_metrics(a_out), run_metrics(b_out)):
+        for key in ("epoch", "train_loss", "val_loss", "val_accuracy", "step"):
+            assert row_a[key] == row_b[key], (key, row_a, row_b)
+
+
 def checkpoint_weights(checkpoint: Path, framework: str) -> dict:
     """A checkpoint folder's model weights as NumPy arrays by name (torch ``model.pt`` or Keras ``.npz``)."""
     import numpy as np

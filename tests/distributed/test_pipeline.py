@@ -20,7 +20,7 @@ import json
 import numpy as np
 import pytest
 
-from jobs import REPO, checkpoint_weights, horovodrun, hvdtrain_cli, run, run_metrics as metrics
+from jobs import REPO, assert_same_run, checkpoint_weights, horovodrun, hvdtrain_cli, run, run_metrics as metrics
 
 WORKERS = REPO / "tests" / "distributed" / "workers"
 PIPE = ["--set", "parallel.pipeline_stages=2", "--set", "parallel.micro_batches=2"]
@@ -83,13 +83,7 @@ def test_kill_and_resume_is_bitwise_equal_checkpoints_round_trip_to_data_paralle
     assert "step-00000006" in names and "epoch-0002" not in names, names
     resumed = horovodrun(recipe(killed, *run, "--resume"), np=4)
     assert "step-00000006" in resumed.stdout and "after" in resumed.stdout
-    again = checkpoint_weights(killed / "checkpoints" / "epoch-0002", "torch")
-    assert again.keys() == pipelined.keys()
-    for key in pipelined:
-        assert np.array_equal(pipelined[key], again[key]), f"{key} differs after resume"
-    for row_a, row_b in zip(metrics(straight), metrics(killed)):
-        for key in ("epoch", "train_loss", "val_loss", "val_accuracy", "step"):
-            assert row_a[key] == row_b[key], (key, row_a, row_b)
+    assert_same_run(pipelined, checkpoint_weights(killed / "checkpoints" / "epoch-0002", "torch"), straight, killed)
 
     # comm.compression=fp16 (and its alias train.fp16_allreduce) reaches the stages' allreduce: the
     # same run ends with other weights than the uncompressed one (float16 rounding of every gradient)

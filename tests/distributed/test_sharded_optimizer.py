@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from jobs import REPO, checkpoint_weights, horovodrun, hvdtrain_cli, run_metrics as metrics
+from jobs import REPO, assert_same_run, checkpoint_weights, horovodrun, hvdtrain_cli, run_metrics as metrics
 
 WORKER = REPO / "tests" / "distributed" / "workers" / "sharded_updates.py"
 OPTIMIZERS = ("sgd", "adam", "adamw", "adamw_accumulation_fp16")
@@ -97,14 +97,8 @@ def test_kill_and_resume_is_bitwise_equal_and_the_checkpoint_resumes_on_4_ranks(
     names = sorted(p.name for p in (killed / "checkpoints").iterdir())
     assert "step-00000012" in names and "epoch-0002" not in names, names
     horovodrun(command(killed, 2, "--resume"))
-    a = checkpoint_weights(straight / "checkpoints" / "epoch-0002", "torch")
-    b = checkpoint_weights(killed / "checkpoints" / "epoch-0002", "torch")
-    assert a.keys() == b.keys()
-    for key in a:
-        assert np.array_equal(a[key], b[key]), f"{key} differs after resume"
-    for row_a, row_b in zip(metrics(straight), metrics(killed)):
-        for key in ("epoch", "train_loss", "val_loss", "val_accuracy", "step"):
-            assert row_a[key] == row_b[key], (key, row_a, row_b)
+    assert_same_run(checkpoint_weights(straight / "checkpoints" / "epoch-0002", "torch"),
+                    checkpoint_weights(killed / "checkpoints" / "epoch-0002", "torch"), straight, killed)
 
     wider = horovodrun(command(killed, 3, "--resume"), np=4)  # the whole state, re-sharded over 4 ranks
     assert "epoch 3" in wider.stdout

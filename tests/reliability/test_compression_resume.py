@@ -10,10 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from jobs import checkpoint_weights, horovodrun, hvdtrain_cli, run, run_metrics as metrics
+from jobs import assert_same_run, checkpoint_weights, horovodrun, hvdtrain_cli, run
 
 # 512 samples / 2 ranks / batch 32 = 8 optimizer steps per epoch; checkpoints every 3 steps.
 RUN = ["--epochs", "2", "--batch-size", "32", "--set", "data.max_train_samples=512",
@@ -56,13 +55,7 @@ def test_kill_then_resume_is_bitwise_equal(tmp_path, framework, option):
     resumed = horovodrun(command(framework, killed, option, "--resume"))
     assert "step-00000012" in resumed.stdout and "starts afresh" not in resumed.stdout
 
-    a, b = final_weights(straight, framework), final_weights(killed, framework)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert np.array_equal(a[key], b[key]), f"{key} differs after resume"
-    for row_a, row_b in zip(metrics(straight), metrics(killed)):
-        for key in ("epoch", "train_loss", "val_loss", "val_accuracy", "step"):
-            assert row_a[key] == row_b[key], (key, row_a, row_b)
+    assert_same_run(final_weights(straight, framework), final_weights(killed, framework), straight, killed)
 
 
 @pytest.mark.distributed
