@@ -110,11 +110,14 @@ def error_feedback_with_loss_scaling(config: Any) -> str | None:
 
 
 def overlap_with_exchange(config: Any) -> str | None:
-    """hvdtrain's own exchanges and pipeline stages reduce after the backward pass: nothing overlaps."""
+    """hvdtrain's own exchanges, pipeline stages and the sharded optimizer reduce after the backward
+    pass: nothing overlaps."""
     if config.comm.overlap != "always":
         return None
     what = _exchange_key(config) or (f"parallel.pipeline_stages={config.parallel.pipeline_stages}"
-                                     if config.parallel.pipeline_stages > 1 else None)
+                                     if config.parallel.pipeline_stages > 1 else None) or (
+        f"parallel.shard_optimizer={config.parallel.shard_optimizer}"
+        if config.parallel.shard_optimizer != "none" else None)
     if what:
         return (f"comm.overlap=always cannot be honoured with {what}: its gradients are exchanged after the "
                 f"backward pass, not during it; use comm.overlap=auto or never")
@@ -226,17 +229,15 @@ def sharded_optimizer_with(config: Any) -> str | None:
     key = f"parallel.shard_optimizer={mode}"
     if config.framework != "torch":
         return f"{key} is built for PyTorch only so far; use --framework torch, or parallel.shard_optimizer=none"
-    stages = config.parallel.pipeline_stages
-    conflicts = (
+    stages, exchange = config.parallel.pipeline_stages, _exchange_key(config)
+    conflicts = (  # comm.overlap=always: overlap_with_exchange
         (stages > 1, f"parallel.pipeline_stages={stages}", "each stage updates its own part of the model"),
-        (_exchange_key(config), _exchange_key(config), "the sharded update needs the averaged gradient itself"),
+        (exchange, exchange, "the sharded update needs the averaged gradient itself"),
         (config.comm.reduction == "adasum", "comm.reduction=adasum", "Adasum combines whole updates"),
         (config.train.elastic, "train.elastic=true", "a re-formed job would have to re-shard the optimizer state "
                                                      "in memory"),
         (config.model.freeze_backbone_epochs > 0, f"model.freeze_backbone_epochs={config.model.freeze_backbone_epochs}",
          "the flat slices update every parameter, a frozen backbone's too"),
-        (config.comm.overlap == "always", "comm.overlap=always", "the flat gradients are averaged after the "
-                                                                 "backward pass"),
     )
     for clash, other, why in conflicts:
         if clash:

@@ -161,15 +161,15 @@ class TorchAdapter(FrameworkAdapter):
     _scaler_skips: Any = 0  # a device tensor once prepare() ran; subclasses that prepare otherwise keep 0
 
     def broadcast_state(self, root_rank: int = 0) -> None:
+        if isinstance(self.optimizer, ShardedOptimizer):  # each rank keeps its slice of rank 0's whole state
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=root_rank)  # distributed
+            self.optimizer.broadcast(root_rank)  # distributed
+            return
         # Horovod creates missing optimizer state with one zero-gradient step; LR 0 makes that step
         # leave the weights alone. It still counts as a step (Adam's bias correction would start at
         # step 2, shrinking the first update to about 0.74 of its size) and coupled weight decay
         # would seed the moments, so when rank 0 has no state yet (a fresh start) the state that
         # step created is dropped again afterwards: every optimizer starts as a fresh one would.
-        if isinstance(self.optimizer, ShardedOptimizer):  # each rank keeps its slice of rank 0's whole state
-            hvd.broadcast_parameters(self.model.state_dict(), root_rank=root_rank)  # distributed
-            self.optimizer.broadcast(root_rank)  # distributed
-            return
         fresh = self.broadcast_object(len(self.optimizer.state) == 0, root_rank)  # distributed
         for group in self.optimizer.param_groups:
             group["lr"] = 0.0

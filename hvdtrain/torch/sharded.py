@@ -150,11 +150,11 @@ class ShardedOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        """Update this rank's slice from the averaged gradients in ``p.grad``, then all-gather the
-        updated slices into every parameter (a collective)."""
+        """Update this rank's slice from the averaged gradients in ``p.grad`` (views of the flat
+        buffers since :meth:`FlatAllreduce.reduce`), then all-gather the updated slices into every
+        parameter (a collective)."""
         for group, inner in zip(self.optimizer.param_groups, self.inner.param_groups):
             inner.update({k: v for k, v in group.items() if k != "params"})  # the LR the schedule set
-        self._attach_grads()
         for layout, shard, flat in zip(self.layouts, self.shards, self.grad_flats):
             shard.grad = layout.mine(flat)
         self.inner.step()
@@ -185,11 +185,10 @@ class ShardedOptimizer:
         flats = iter(whole)
         for layout, shard in zip(self.layouts, self.shards):
             shard_state = self.inner.state.get(shard, {})
-            scalars = {k: v.clone() if torch.is_tensor(v) else v for k, v in shard_state.items()
-                       if not (torch.is_tensor(v) and v.dim() == 1)}
+            scalars = {k: v for k, v in shard_state.items() if not (torch.is_tensor(v) and v.dim() == 1)}
             per_key = {k: layout.split(next(flats)) for k in keys}
             for i, p in enumerate(layout.params):
-                if shard_state:
+                if shard_state:  # each parameter its own copy of the scalars: torch steps them in place
                     state[index[id(p)]] = {**{k: v.clone() if torch.is_tensor(v) else v for k, v in scalars.items()},
                                            **{k: per_key[k][i].clone() for k in keys}}
         groups = []

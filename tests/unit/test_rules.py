@@ -73,7 +73,7 @@ CONFIG_CASES = [
      ["parallel.shard_optimizer=optimizer", "train.elastic=true"]),
     (rules.sharded_optimizer_with, ["parallel.shard_optimizer=optimizer", "model.freeze_backbone_epochs=1"],
      ["parallel.shard_optimizer=optimizer", "model.freeze_backbone_epochs=1"]),
-    (rules.sharded_optimizer_with, ["parallel.shard_optimizer=optimizer", "comm.overlap=always"],
+    (rules.overlap_with_exchange, ["parallel.shard_optimizer=optimizer", "comm.overlap=always"],
      ["parallel.shard_optimizer=optimizer", "comm.overlap=always"]),
     (rules.early_stopping_metric, ["train.early_stopping=3", "checkpoint.best_metric=null"],
      ["train.early_stopping=3", "train.early_stopping_metric", "train_loss", "val_accuracy"]),

@@ -124,7 +124,8 @@ def verify_wandb_key(host: str, key: str) -> str | None:
     except urllib.error.HTTPError as exc:
         return f"the server refused the key (HTTP {exc.code})" if exc.code in (401, 403) else f"HTTP {exc.code}"
     except OSError as exc:  # URLError is one: refused, DNS, timeout, TLS
-        return f"no answer: {_short(getattr(exc, 'reason', exc))}"
+        reason = getattr(exc, "reason", exc)  # URLError's reason: the socket's error, or only a string
+        return f"no answer: {_short(reason if isinstance(reason, BaseException) else exc)}"
     except ValueError:
         return "the answer is not W&B's JSON"
     viewer = (answer.get("data") or {}).get("viewer") if isinstance(answer, dict) else None
