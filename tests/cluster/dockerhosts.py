@@ -12,10 +12,11 @@ lists what of a key pair, host keys or wheels any layer of an image holds.
 
 from __future__ import annotations
 
-import io
+import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tarfile
 import time
@@ -64,33 +65,66 @@ KEY_NAMES = re.compile(r"(^|/)(ssh_host_\w+_key(\.pub)?|id_(rsa|dsa|ecdsa|ed2551
                        r"|known_hosts2?|hvdtrain-ssh)(/|$)")
 
 
-def key_material_in_layers(docker: str, image: str, keys: Path) -> list[str]:
-    """``LAYER: PATH (why)`` for every file in any layer of ``image`` (``docker save``, each layer's
-    own tar: files deleted by a later layer count too) that is a key file by name, holds the private
-    or public key of the pair in ``keys``, or is a wheel (``.whl``). Empty when the image is clean."""
-    secrets = {}
-    body = (keys / "id_ed25519").read_text().splitlines()[2:-1]  # the first base64 line is a common header
-    secrets.update({line.encode(): "the private key" for line in body if len(line) >= 40})
-    secrets[(keys / "id_ed25519.pub").read_text().split()[1].encode()] = "the public key"
-    found: list[str] = []
+def _layer_dirs(docker: str, image: str) -> list[Path] | None:
+    """The folders holding each layer's own files (overlay2's ``diff`` folders, files a later layer
+    deletes included), when the engine stores the image that way on this machine; else None."""
+    proc = subprocess.run([docker, "image", "inspect", "-f", "{{.GraphDriver.Name}} {{json .GraphDriver.Data}}", image],
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0 or not proc.stdout.startswith("overlay2 "):
+        return None
+    data = json.loads(proc.stdout.split(" ", 1)[1])
+    dirs = [Path(d) for d in (data.get("LowerDir") or "").split(":") + [data.get("UpperDir") or ""] if d]
+    return dirs if dirs and all(d.is_dir() for d in dirs) else None
+
+
+def _layer_members(docker: str, image: str):
+    """``(layer, relative name, is a regular file, size, read())`` for every file of every layer of ``image``:
+    walked in the engine's layer folders where it keeps them (overlay2), else read from ``docker save``
+    (each layer's own tar), which streams the whole image (several GB) through this process."""
+    dirs = _layer_dirs(docker, image)
+    if dirs is not None:
+        for layer in dirs:
+            for top, subdirs, files in os.walk(layer):
+                for name in subdirs + files:
+                    path = Path(top) / name
+                    rel = str(path.relative_to(layer))
+                    try:
+                        st = path.lstat()
+                    except FileNotFoundError:
+                        continue
+                    is_file = stat.S_ISREG(st.st_mode)
+                    yield layer.parent.name, rel, is_file, st.st_size, (lambda p=path: p.read_bytes())
+        return
     proc = subprocess.Popen([docker, "save", image], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     with tarfile.open(fileobj=proc.stdout, mode="r|") as saved:
         for entry in saved:
             if not (entry.isfile() and entry.name.endswith(".tar")):
                 continue
-            layer = saved.extractfile(entry)
-            with tarfile.open(fileobj=layer, mode="r|") as files:
+            with tarfile.open(fileobj=saved.extractfile(entry), mode="r|") as files:
                 for member in files:
-                    name = member.name
-                    if KEY_NAMES.search(name):
-                        found.append(f"{entry.name}: {name} (key file)")
-                    if name.endswith(".whl") and not name.startswith("usr/share/python-wheels/"):  # python3-venv's
-                        found.append(f"{entry.name}: {name} (wheel)")
-                    if member.isfile() and member.size <= 1 << 20:
-                        data = files.extractfile(member).read()
-                        found += [f"{entry.name}: {name} ({what})" for secret, what in secrets.items() if secret in data]
+                    yield (entry.name, member.name, member.isfile(), member.size,
+                           (lambda m=member, f=files: f.extractfile(m).read()))
     assert proc.wait() == 0, f"docker save {image} failed"
+
+
+def key_material_in_layers(docker: str, image: str, keys: Path) -> list[str]:
+    """``LAYER: PATH (why)`` for every file in any layer of ``image`` (files deleted by a later layer
+    count too) that is a key file by name, holds the private or public key of the pair in ``keys``,
+    or is a wheel (``.whl``). Empty when the image is clean."""
+    secrets = {}
+    body = (keys / "id_ed25519").read_text().splitlines()[2:-1]  # the first base64 line is a common header
+    secrets.update({line.encode(): "the private key" for line in body if len(line) >= 40})
+    secrets[(keys / "id_ed25519.pub").read_text().split()[1].encode()] = "the public key"
+    found: list[str] = []
+    for layer, name, is_file, size, read in _layer_members(docker, image):
+        if KEY_NAMES.search(name):
+            found.append(f"{layer}: {name} (key file)")
+        if name.endswith(".whl") and not name.startswith("usr/share/python-wheels/"):  # python3-venv's
+            found.append(f"{layer}: {name} (wheel)")
+        if is_file and size <= 1 << 20:
+            data = read()
+            found += [f"{layer}: {name} ({what})" for secret, what in secrets.items() if secret in data]
     return found
 
 
