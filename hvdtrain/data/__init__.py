@@ -1,7 +1,11 @@
 """A framework-free image pipeline (NumPy + Pillow; imports neither torch nor TensorFlow).
 
-* :mod:`hvdtrain.data.index`: a compact, cached index of an image tree (relative paths and labels
-  in arrays), built once per host under a lock and memory-mapped by every rank.
+* :mod:`hvdtrain.data.index`: a compact, cached index of one split (per sample a key, a label and
+  a location), built once per host under a lock (:mod:`hvdtrain.data.entries`) and memory-mapped
+  by every rank; :mod:`hvdtrain.data.shards` indexes WebDataset tars, Parquet and Arrow shards
+  (:mod:`hvdtrain.data.braces` expands shard patterns).
+* :mod:`hvdtrain.data.reader`: reads a sample's encoded bytes wherever the index says it is (a
+  file, a byte span of a shard, a Parquet row).
 * :mod:`hvdtrain.data.transforms`: the transform policies (ImageNet RandomResizedCrop + flip,
   resize + centre crop, pad-and-crop for small images), every random draw from
   ``(seed, epoch, sample index)`` alone.

@@ -17,9 +17,10 @@ PNG and TIFF) are scaled to 8 bits (``round(v * 255 / 65535)``) instead of being
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import io
 import warnings
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image
@@ -51,12 +52,15 @@ def read_size(img: Image.Image) -> tuple[int, int]:
     return img.size
 
 
-def decode(path: str | Path, policy: TransformPolicy, op_for, grayscale: bool) -> np.ndarray:
-    """``op_for(width, height) -> SampleOp`` is called with the image's size; the result is the
-    transformed image as uint8 ``(size, size, channels)``. Decoding errors propagate."""
+def decode(source: str | Path | bytes | BinaryIO, policy: TransformPolicy, op_for, grayscale: bool) -> np.ndarray:
+    """Decode ``source`` (a path, the encoded bytes, or a binary file object): ``op_for(width,
+    height) -> SampleOp`` is called with the image's size; the result is the transformed image as
+    uint8 ``(size, size, channels)``. Decoding errors propagate."""
     mode = "L" if grayscale else "RGB"
     size = policy.size
-    with Image.open(path) as img:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        source = io.BytesIO(source)
+    with Image.open(source) as img:
         width, height = img.size
         op: SampleOp = op_for(width, height)
         box = op.box or (0, 0, width, height)

@@ -1,48 +1,40 @@
-"""A compact index of one split of an image tree, built once and cached while the tree is unchanged.
+"""A compact index of one split of an image dataset, built once and cached while the data is unchanged.
 
-Two layouts: ``split/<class>/<image>`` (ImageFolder) and a flat folder of images with a labels
-file (the ImageNet validation set: a CSV of ``ImageId,PredictionString`` as in the challenge's
-``LOC_val_solution.csv``, or plainly ``file,class``). The index holds the relative paths as one
-byte array with offsets (the file system's bytes: names that are not UTF-8 work too) and the labels
-as an int32 array, about 40 bytes per image (about 50 MB for ImageNet's 1.28 M files). Only the
-headers of a sample of images spread over the split are read (:data:`SAMPLE`: their sizes and
-modes tell the recipe what it is dealing with, so one thumbnail or one grayscale file does not).
+Every sample has a key (bytes, for error messages and ImageFolder paths), an int32 label and a
+location (:mod:`hvdtrain.data.reader`): a whole file (ImageFolder), a byte span of a shard (WebDataset
+tar, Arrow) or a row of a Parquet shard (scanned by :mod:`hvdtrain.data.shards`). This module
+scans ImageFolder trees: ``split/<class>/<image>`` and a flat folder of images with a labels file
+(the ImageNet validation set: a CSV of ``ImageId,PredictionString`` as in the challenge's
+``LOC_val_solution.csv``, or plainly ``file,class``). The keys are one byte array with offsets (the
+file system's bytes: names that are not UTF-8 work too), about 40 bytes per image for a tree (about
+50 MB for ImageNet's 1.28 M files), about 60 for shards. Only the headers of a sample of images
+spread over the split are read (:data:`SAMPLE`: their sizes and modes tell the recipe what it is
+dealing with, so one thumbnail or one grayscale file does not).
 
-The cache lives under ``$HVDTRAIN_DATA_CACHE/index`` (default ``~/.cache/hvdtrain/data/index``):
-one folder per split (keyed by its absolute path) holding ``current.json`` and one entry folder
-per built content, named by the SHA-256 of that content. ``current.json`` points at an entry and
-is valid while the modification times of the split folder, its class folders and the labels file
-are the ones recorded: adding, removing or renaming an image changes its folder's time. The first
-process on a host to need it builds it under a file lock; the others wait, then memory-map the same
-arrays (shared page cache, no copy). An entry never changes once published (files and folders are
-fsynced before the rename that publishes them) and is deleted only when no live process holds it
-(each holds a shared lock on the entry while it lives), so decoding workers that open it lazily by
-path read the index their dataset was built from, even after the tree changed and a new entry was
-built.
+Caching (:mod:`hvdtrain.data.entries`): a tree's entry is valid while the modification times of
+the split folder, its class folders and the labels file are the ones recorded (adding, removing or
+renaming an image changes its folder's time); built once per host under a lock, memory-mapped by
+every rank, never changed under a live job.
 """
 
 from __future__ import annotations
 
 import csv
-import fcntl
 import hashlib
-import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from hvdtrain.core.durable import atomic_write_text, fsync_path
+from hvdtrain.data.entries import load_entry, slot_path
+from hvdtrain.data.reader import SampleReader
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 INDEX_VERSION = 2
 SAMPLE = 32  # image headers read per split, spread evenly over the index
 SINGLE_CHANNEL = ("1", "L", "LA", "La", "I", "F", "I;16", "I;16B", "I;16L", "I;16N")
-POINTER = "current.json"
-IN_USE = ".in-use"
-_HELD: dict[str, object] = {}  # entry folder -> open file holding its shared lock (for this process's life)
+ARRAYS = ("blob", "offsets", "labels", "where")
 
 
 class DataError(ValueError):
@@ -52,33 +44,44 @@ class DataError(ValueError):
 
 @dataclass
 class ImageIndex:
-    """One split: ``root`` (the split folder), class names, and per image its relative path and label."""
+    """One split: ``root`` (the split folder, or the folder the shard paths are relative to), class
+    names, and per sample its key, label and location (``where``: None for ImageFolder, else
+    ``(shard, a, b)`` rows of the :mod:`~hvdtrain.data.reader` kind ``kind``)."""
 
     root: Path
     classes: list[str]
-    blob: np.ndarray      # uint8: every relative path, UTF-8, back to back
-    offsets: np.ndarray   # int64, len + 1: path i is blob[offsets[i]:offsets[i + 1]]
+    blob: np.ndarray      # uint8: every key (relative path for ImageFolder), back to back
+    offsets: np.ndarray   # int64, len + 1: key i is blob[offsets[i]:offsets[i + 1]]
     labels: np.ndarray    # int32
     sample: list[tuple[int, int, str]] = field(default_factory=list)  # (width, height, mode) of sampled images
     built: bool = False          # True if this process built it (False: read from the cache)
     cache_dir: Path | None = None  # the entry folder (immutable)
     digest: str = ""             # SHA-256 of the entry's content (its folder's name)
+    kind: str = "file"           # file | span | row (see hvdtrain.data.reader)
+    shards: list[str] = field(default_factory=list)  # shard paths relative to root
+    where: np.ndarray | None = None  # int64 (n, 3): shard, a, b
+    column: str | None = None    # the image column (Parquet)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def relpath(self, i: int) -> str:
-        """Image ``i``'s path relative to :attr:`root`."""
+        """Sample ``i``'s key: its path relative to :attr:`root` for ImageFolder."""
         return os.fsdecode(bytes(self.blob[self.offsets[i]:self.offsets[i + 1]]))
 
     def path(self, i: int) -> Path:
-        """Image ``i``'s full path."""
-        return self.root / self.relpath(i)
+        """The file holding sample ``i`` (the image, or its shard)."""
+        return self.reader().file(i)
+
+    def reader(self) -> SampleReader:
+        """A reader of this index's samples (see :mod:`hvdtrain.data.reader`)."""
+        return SampleReader(str(self.root), self.kind, self.shards, self.blob, self.offsets, self.where, self.column)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the index arrays (what each rank maps)."""
-        return int(self.blob.nbytes + self.offsets.nbytes + self.labels.nbytes)
+        extra = self.where.nbytes if self.where is not None else 0
+        return int(self.blob.nbytes + self.offsets.nbytes + self.labels.nbytes + extra)
 
     @property
     def grayscale(self) -> bool:
@@ -95,10 +98,42 @@ class ImageIndex:
         return widths[(len(widths) - 1) // 2], heights[(len(heights) - 1) // 2]
 
 
-def cache_root() -> Path:
-    """Where indexes are cached."""
-    base = Path(os.environ.get("HVDTRAIN_DATA_CACHE", Path.home() / ".cache" / "hvdtrain" / "data"))
-    return base / "index"
+def key_arrays(keys: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """``(blob, offsets)`` of a list of keys."""
+    lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
+    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return np.frombuffer(b"".join(keys), dtype=np.uint8), offsets
+
+
+def sample_headers(reader: SampleReader, count: int, where: str) -> list[tuple[int, int, str]]:
+    """``(width, height, mode)`` of up to :data:`SAMPLE` images spread evenly over the ``count``
+    samples (only headers are parsed); unreadable ones are left out (the decoder reports or
+    replaces them later). ``where`` names the data in the error if none is readable."""
+    import io
+
+    from PIL import Image
+
+    positions = sorted(set(np.linspace(0, count - 1, num=min(count, SAMPLE)).round().astype(int).tolist()))
+    sample, error = [], None
+    for position in positions:
+        try:
+            with Image.open(io.BytesIO(reader.read(position))) as img:
+                sample.append((int(img.size[0]), int(img.size[1]), str(img.mode)))
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            error = error or f"cannot read image {reader.name(position)}: {exc}"
+    reader.close()
+    if not sample:
+        raise DataError(f"{error} (nor any of the other {len(positions) - 1} images sampled from {where})")
+    return sample
+
+
+def index_of(root: Path, entry: Path, meta: dict, arrays: dict[str, np.ndarray], built: bool) -> ImageIndex:
+    """The :class:`ImageIndex` of a cache entry."""
+    sample = [(int(w), int(h), str(m)) for w, h, m in meta["sample"]]
+    return ImageIndex(root, list(meta["classes"]), arrays["blob"], arrays["offsets"], arrays["labels"], sample=sample,
+                      built=built, cache_dir=entry, digest=entry.name, kind=meta.get("kind", "file"),
+                      shards=list(meta.get("shards", [])), where=arrays.get("where"), column=meta.get("column"))
 
 
 def _is_image(name: str) -> bool:
@@ -183,134 +218,18 @@ def _scan_flat(split_dir: Path, labels_file: Path, classes: list[str] | None) ->
     return list(known), names, labels
 
 
-def _sample_headers(split_dir: Path, names: list[bytes]) -> list[tuple[int, int, str]]:
-    """``(width, height, mode)`` of up to :data:`SAMPLE` images spread evenly over ``names`` (only
-    headers are read); unreadable ones are left out (the decoder reports or replaces them later)."""
-    from PIL import Image
-
-    positions = sorted(set(np.linspace(0, len(names) - 1, num=min(len(names), SAMPLE)).round().astype(int).tolist()))
-    sample, error = [], None
-    for position in positions:
-        path = split_dir / os.fsdecode(names[position])
-        try:
-            with Image.open(path) as img:
-                sample.append((int(img.size[0]), int(img.size[1]), str(img.mode)))
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-            error = error or f"cannot read image {path}: {exc}"
-    if not sample:
-        raise DataError(f"{error} (nor any of the other {len(positions) - 1} images sampled from {split_dir})")
-    return sample
-
-
-def _write_npy(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.save(f, array)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _build(split_dir: Path, labels_file: Path | None, classes: list[str] | None, slot: Path, key: str) -> str:
-    """Scan the split, publish its entry in ``slot`` (unless one with the same content exists),
-    point ``current.json`` at it; return the entry's name."""
+def _build(split_dir: Path, labels_file: Path | None, classes: list[str] | None) -> tuple[dict, dict]:
+    """Scan the split: the entry's arrays and meta."""
     if labels_file is not None:
         found, names, labels = _scan_flat(split_dir, labels_file, classes)
     else:
         found, names, labels = _scan_tree(split_dir, classes)
-    lengths = np.fromiter((len(n) for n in names), dtype=np.int64, count=len(names))
-    offsets = np.zeros(len(names) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    blob = np.frombuffer(b"".join(names), dtype=np.uint8)
+    blob, offsets = key_arrays(names)
     label_array = np.asarray(labels, dtype=np.int32)
-    sample = _sample_headers(split_dir, names)
-    meta = {"version": INDEX_VERSION, "root": str(split_dir.resolve()), "classes": found,
+    sample = sample_headers(SampleReader(str(split_dir), "file", [], blob, offsets, None), len(names), str(split_dir))
+    meta = {"version": INDEX_VERSION, "root": str(split_dir.resolve()), "classes": found, "kind": "file",
             "sample": [list(s) for s in sample], "count": len(names)}
-    digest = hashlib.sha256()
-    for part in (blob, offsets, label_array):
-        digest.update(np.ascontiguousarray(part).tobytes())
-    digest.update(json.dumps({k: v for k, v in meta.items() if k != "root"}, sort_keys=True).encode())  # content only
-    name = digest.hexdigest()
-    entry = slot / name
-    slot.mkdir(parents=True, exist_ok=True)
-    if not (entry / "meta.json").is_file():
-        tmp = slot / f".tmp-{name[:16]}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        _write_npy(tmp / "blob.npy", blob)
-        _write_npy(tmp / "offsets.npy", offsets)
-        _write_npy(tmp / "labels.npy", label_array)
-        with open(tmp / "meta.json", "w") as f:
-            f.write(json.dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_path(tmp)
-        try:
-            os.rename(tmp, entry)
-        except OSError:  # published meanwhile by a builder on another host (a shared cache folder)
-            shutil.rmtree(tmp, ignore_errors=True)
-        fsync_path(slot)
-    atomic_write_text(slot / POINTER, json.dumps({"key": key, "entry": name}))
-    _prune(slot, keep=name)
-    return name
-
-
-def _prune(slot: Path, keep: str) -> None:
-    """Delete the slot's other entries that no live process holds (see :func:`_hold`), and
-    temporary folders of builders that died (called under the slot's build lock)."""
-    for child in slot.iterdir():
-        if child.name == keep or not child.is_dir():
-            continue
-        if child.name.startswith(".tmp-"):
-            shutil.rmtree(child, ignore_errors=True)
-            continue
-        try:
-            lock = open(child / IN_USE, "a")
-        except OSError:
-            continue
-        with lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # a live job maps it
-            shutil.rmtree(child, ignore_errors=True)
-
-
-def _hold(entry: Path) -> bool:
-    """Take (once per process) a shared lock on ``entry`` that keeps builders from deleting it
-    while this process lives; False if the entry is gone."""
-    if str(entry) in _HELD:
-        return True
-    try:
-        lock = open(entry / IN_USE, "a")
-    except FileNotFoundError:
-        return False
-    except OSError:  # a read-only cache: nothing here can delete it either
-        return (entry / "meta.json").is_file()
-    fcntl.flock(lock, fcntl.LOCK_SH)
-    if not (entry / "meta.json").is_file():  # deleted while we waited for the lock
-        lock.close()
-        return False
-    _HELD[str(entry)] = lock
-    return True
-
-
-def _read(split_dir: Path, slot: Path, key: str) -> ImageIndex | None:
-    try:
-        pointer = json.loads((slot / POINTER).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(pointer, dict) or pointer.get("key") != key:
-        return None
-    entry = slot / str(pointer.get("entry"))
-    if not _hold(entry):
-        return None
-    try:
-        meta = json.loads((entry / "meta.json").read_text())
-        load = lambda name: np.load(entry / name, mmap_mode="r")  # noqa: E731
-        arrays = load("blob.npy"), load("offsets.npy"), load("labels.npy")
-    except (OSError, ValueError):
-        return None
-    sample = [(int(w), int(h), str(m)) for w, h, m in meta["sample"]]
-    return ImageIndex(split_dir, list(meta["classes"]), *arrays, sample=sample, cache_dir=entry, digest=entry.name)
+    return {"blob": blob, "offsets": offsets, "labels": label_array}, meta
 
 
 def load_index(split_dir: str | Path, labels_file: str | Path | None = None,
@@ -330,20 +249,6 @@ def load_index(split_dir: str | Path, labels_file: str | Path | None = None,
     key = _fingerprint(split_dir, labels_path)
     if labels_path is not None and classes is not None:
         key = hashlib.sha1((key + "\n" + "\n".join(classes)).encode("utf-8", "surrogateescape")).hexdigest()
-    base = Path(cache) if cache else cache_root()
-    slot = base / (hashlib.sha1(os.fsencode(split_dir.resolve())).hexdigest()[:16] + "-"
-                   + os.fsencode(split_dir.name).decode("utf-8", "replace"))
-    index = _read(split_dir, slot, key)
-    if index is not None:
-        return index
-    base.mkdir(parents=True, exist_ok=True)
-    with open(slot.with_name(slot.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per host; the others wait and read its result
-        index = _read(split_dir, slot, key)
-        if index is None:
-            _build(split_dir, labels_path, classes, slot, key)
-            index = _read(split_dir, slot, key)
-            if index is None:
-                raise DataError(f"the index of {split_dir} written to {slot} cannot be read back")
-            index.built = True
-    return index
+    slot = slot_path(cache, os.fsencode(split_dir.resolve()), os.fsencode(split_dir.name).decode("utf-8", "replace"))
+    entry, meta, arrays, built = load_entry(slot, key, ARRAYS, lambda: _build(split_dir, labels_path, classes))
+    return index_of(split_dir, entry, meta, arrays, built)

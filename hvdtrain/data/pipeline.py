@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from hvdtrain.data.decode import DECODE_ERRORS, decode
+from hvdtrain.data.entries import map_arrays
 from hvdtrain.data.index import DataError, ImageIndex
+from hvdtrain.data.reader import SampleReader
 from hvdtrain.data.transforms import TransformPolicy, sample_op
 
 MAX_SUBSTITUTES = 16
@@ -53,31 +55,49 @@ class ImageSource:
         state["_arrays"] = None
         return state
 
-    def _path(self, sample: int) -> Path:
+    @property
+    def reader(self) -> SampleReader:
+        """This process's reader of the index entry (opened lazily: each worker has its own)."""
         if self._arrays is None:
-            load = lambda name: np.load(Path(self.cache_dir) / name, mmap_mode="r")  # noqa: E731
-            self._arrays = (load("blob.npy"), load("offsets.npy"))
-        blob, offsets = self._arrays
-        row = int(self.rows[sample]) if self.rows is not None else int(sample)
-        return Path(self.root) / os.fsdecode(bytes(blob[offsets[row]:offsets[row + 1]]))
+            entry = Path(self.cache_dir)
+            meta = json.loads((entry / "meta.json").read_text())
+            arrays = map_arrays(entry, ("blob", "offsets", "where"))
+            self._arrays = SampleReader(self.root, meta.get("kind", "file"), list(meta.get("shards", [])),
+                                        arrays["blob"], arrays["offsets"], arrays.get("where"), meta.get("column"))
+        return self._arrays
+
+    def _row(self, sample: int) -> int:
+        return int(self.rows[sample]) if self.rows is not None else int(sample)
+
+    def _path(self, sample: int) -> Path:
+        """The file holding ``sample`` (the image file, or its shard)."""
+        return self.reader.file(self._row(sample))
+
+    def name(self, sample: int) -> str:
+        """``sample`` as errors name it: its file, or its shard and key."""
+        return self.reader.name(self._row(sample))
 
     def _decode(self, sample: int, epoch: int) -> np.ndarray:
         def op_for(width: int, height: int):
             return sample_op(self.policy, width, height, self.seed, epoch, sample, self.train)
 
-        return decode(self._path(sample), self.policy, op_for, self.grayscale)
+        return decode(self.reader.read(self._row(sample)), self.policy, op_for, self.grayscale)
 
     def fill(self, out: np.ndarray, positions: np.ndarray, samples: np.ndarray, epoch: int) -> list:
-        """Write sample ``samples[i]`` into ``out[positions[i]]``; return the substitutions made,
-        ``(position, stand-in sample, unreadable path)``."""
+        """Write sample ``samples[i]`` into ``out[positions[i]]`` (read in location order: each
+        sample's pixels depend on nothing else); return the substitutions made, ``(position,
+        stand-in sample, unreadable sample's name)``."""
         substituted = []
-        for pos, sample in zip(positions, samples):
+        samples = np.asarray(samples, dtype=np.int64)
+        rows = self.rows[samples] if self.rows is not None else samples
+        order = self.reader.order(rows)
+        for pos, sample in zip(np.asarray(positions)[order], samples[order]):
             sample = int(sample)
             try:
                 out[pos] = self._decode(sample, epoch)
                 continue
             except DECODE_ERRORS as exc:
-                bad, error = self._path(sample), exc
+                bad, error = self.name(sample), exc
             if self.bad_files == "error":
                 raise DataError(f"cannot decode image {bad}: {error}; fix or remove it, or set "
                                 f"image.bad_files=skip to train on a stand-in sample instead")

@@ -18,7 +18,7 @@ MOVED_KEYS = {"data.image_size": "image.size", "data.augment": "image.augment", 
 
 @dataclass
 class ImageConfig:
-    """Image size, transforms, decoding workers, bad files and the validation layout."""
+    """Image size, transforms, decoding workers, bad files, the data's storage format and the validation layout."""
 
     size: int | None = option(None, "square side of the images the model sees; None: the native size for "
                               "images up to 64 pixels, 224 for larger ones", min=8, max=4096)
@@ -36,5 +36,18 @@ class ImageConfig:
     val_labels: str | None = option(None, "labels CSV of a flat validation folder (root/val/*.JPEG): ImageNet's "
                                     "LOC_val_solution.csv (ImageId,PredictionString) or file,class rows; None: "
                                     "root/val/<class>/ folders")
+    format: str = option("auto", "how --data stores the images: 'folder' (ImageFolder train/ + val/), 'webdataset' "
+                         "(tar shards: <key>.jpg + <key>.cls|.json), 'parquet' (Hugging Face Parquet: image struct "
+                         "{bytes, path} + label), 'arrow' (datasets save_to_disk), 'auto' (detected from the layout)",
+                         choices=("auto", "folder", "webdataset", "parquet", "arrow"))
+    train_shards: str | None = option(None, "training shards: a brace pattern (train-{000000..001023}.tar), a glob "
+                                      "or a folder, relative to --data or absolute; None: the format's usual place "
+                                      "(train/*.tar or *train*.tar, data/train-*.parquet or train/*.parquet, "
+                                      "save_to_disk's train split)", resume="data")
+    val_shards: str | None = option(None, "validation shards, as image.train_shards; None: the val, validation or "
+                                    "test split in the format's usual place")
+    image_column: str | None = option(None, "Parquet/Arrow image column ({bytes, path} struct or binary); None: the "
+                                      "column whose feature is Image, else 'image' or 'img'", resume="data")
+    label_column: str | None = option(None, "Parquet/Arrow label column; None: 'label' or 'labels'", resume="data")
     index_cache: str | None = option(None, "where the cached file index lives; None: $HVDTRAIN_DATA_CACHE/index "
                                      "(default ~/.cache/hvdtrain/data/index)")

