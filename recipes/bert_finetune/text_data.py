@@ -1,7 +1,9 @@
 """Labelled text for the bert-finetune recipe, framework-neutral (standard library + NumPy).
 
 * :func:`read_labelled_file` reads CSV (``.csv``), TSV (``.tsv``, ``.tab``, ``.txt``) and JSON
-  Lines (``.jsonl``, ``.ndjson``, ``.json``) files with named text and label columns.
+  Lines (``.jsonl``, ``.ndjson``, ``.json``) files with named text and label columns, and Parquet
+  and Arrow tables as Hugging Face ``datasets`` stores them (a file, a glob, a Hub-style folder, a
+  ``save_to_disk`` folder: :mod:`recipes.bert_finetune.table_rows`), all through :func:`stream_rows`.
 * :func:`label_names` / :func:`encode_labels` map labels to ids (sorted; numeric labels in numeric
   order, ``nan`` among the words: the same order in every process, whatever its hash seed); a
   validation label never seen in training is an error naming it.
@@ -25,18 +27,17 @@ from pathlib import Path
 
 import numpy as np
 
+from recipes.bert_finetune.text_errors import TextDataError, check_columns
+
 DELIMITERS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
 JSON_LINES = (".jsonl", ".ndjson", ".json")
-SUPPORTED = ", ".join([*DELIMITERS, *JSON_LINES])
+SUPPORTED = ", ".join([*DELIMITERS, *JSON_LINES, ".parquet", ".arrow"]) + (
+    ", a folder or glob of Parquet/Arrow files, a datasets save_to_disk folder")
 
 EMBEDDED_FILE = "data/hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
 EMBEDDED_SPLIT_SEED = 2014  # fixed: the embedded split never depends on train.seed
 EMBEDDED_VAL = 1000
 EMBEDDED_TRAIN_DEFAULT = 2000
-
-
-class TextDataError(ValueError):
-    """A text file is missing, empty or inconsistent; the message names the file and the problem."""
 
 
 BAD_ROW_POLICIES = ("skip", "error")
@@ -64,19 +65,21 @@ class LabelledTexts:
 
 class BadRows:
     """Rows left out of one file, counted by reason with their first line numbers; with
-    ``policy='error'`` the first one stops the run instead, naming its line."""
+    ``policy='error'`` the first one stops the run instead, naming its line. For a table the
+    numbers are rows (from 0) and ``where`` names the file and row of one (see :func:`bad_rows_for`)."""
 
-    def __init__(self, source: str, policy: str = "error"):
+    def __init__(self, source: str, policy: str = "error", where=None, unit: str = "line"):
         if policy not in BAD_ROW_POLICIES:
             raise TextDataError(f"text.bad_rows={policy!r}; allowed: {', '.join(BAD_ROW_POLICIES)}")
-        self.source, self.policy = source, policy
+        self.source, self.policy, self.unit = source, policy, unit
+        self.where = where or (lambda line: f"{source} line {line}")
         self.counts: dict[str, int] = {}
         self.lines: dict[str, list[int]] = {}
 
     def reject(self, line: int, reason: str) -> None:
         """Skip and count the row at ``line``, or raise (``policy='error'``) naming it."""
         if self.policy == "error":
-            raise TextDataError(f"{self.source} line {line}: {reason} (text.bad_rows=error; "
+            raise TextDataError(f"{self.where(line)}: {reason} (text.bad_rows=error; "
                                 f"--set text.bad_rows=skip skips and counts such rows)")
         self.counts[reason] = self.counts.get(reason, 0) + 1
         shown = self.lines.setdefault(reason, [])
@@ -97,7 +100,7 @@ class BadRows:
 
     def summary(self) -> str:
         """One line: how many rows were skipped, why, and where."""
-        parts = [f"{count} {reason} (line{'s' if count > 1 else ''} {', '.join(map(str, self.lines[reason]))}"
+        parts = [f"{count} {reason} ({self.unit}{'s' if count > 1 else ''} {', '.join(map(str, self.lines[reason]))}"
                  f"{' ...' if count > len(self.lines[reason]) else ''})" for reason, count in self.counts.items()]
         return f"{self.source}: skipped {self.total} row(s): " + "; ".join(parts)
 
@@ -190,23 +193,42 @@ def _json_records(path: Path):
                 raise TextDataError(f"{path} line {number} is not valid JSON: {exc}") from None
 
 
-def stream_rows(path: str | Path, text_column: str, label_column: str, pair_column: str | None = None):
+def bad_rows_for(path: str | Path, policy: str = "error", split: str | None = None) -> BadRows:
+    """The :class:`BadRows` of a data source: for a Parquet/Arrow table, counted in rows and
+    named by file and row."""
+    from recipes.bert_finetune import table_rows
+
+    if table_rows.is_table(path):
+        table = table_rows.open_table(path, split)
+        return BadRows(table.source, policy, table.where, "row")
+    return BadRows(str(path), policy)
+
+
+def stream_rows(path: str | Path, text_column: str, label_column: str, pair_column: str | None = None,
+                split: str | None = None):
     """Yield ``(line, text, pair, label, problem)`` for every row of a CSV, TSV or JSON Lines file,
-    streamed (memory does not grow with the file); a value the row lacks is None. The columns must
-    exist. ``problem`` is None, or why the row cannot be trusted (a CSV/TSV row with more fields
-    than the header): :func:`checked_rows` rejects it."""
+    or (``line`` a row number from 0) of a Parquet/Arrow table (its ``split`` when the folder holds
+    several), streamed (memory does not grow with the file); a value the row lacks is None. The
+    columns must exist. ``problem`` is None, or why the row cannot be trusted (a CSV/TSV row with
+    more fields than the header, a value outside a ClassLabel's classes): :func:`checked_rows`
+    rejects it."""
+    from recipes.bert_finetune import table_rows
+
+    wanted = [(text_column, "--text-column"), (label_column, "--label-column")]
+    if pair_column is not None:
+        wanted.append((pair_column, "--text-pair-column"))
+    if table_rows.is_table(path):
+        yield from table_rows.table_rows(table_rows.open_table(path, split), wanted)
+        return
     path = Path(path)
     if not path.is_file():
         raise TextDataError(f"data file {path} does not exist")
     suffix = path.suffix.lower()
-    wanted = [(text_column, "--text-column"), (label_column, "--label-column")]
-    if pair_column is not None:
-        wanted.append((pair_column, "--text-pair-column"))
     if suffix in DELIMITERS:
         columns, records = _csv_records(path, DELIMITERS[suffix])
         if not columns:
             raise TextDataError(f"data file {path} is empty: it holds no rows")
-        _check_columns(path, columns, wanted)
+        check_columns(path, columns, wanted)
         at = [columns.index(name) for name, _ in wanted] + ([] if pair_column else [None])
         width = len(columns)
         separator = "comma" if DELIMITERS[suffix] == "," else "tab"
@@ -224,7 +246,7 @@ def stream_rows(path: str | Path, text_column: str, label_column: str, pair_colu
             if not isinstance(row, dict):
                 raise TextDataError(f"{path} line {line}: every JSON line must be an object with named fields")
             if not checked:
-                _check_columns(path, list(row), wanted)
+                check_columns(path, list(row), wanted)
                 checked = True
             text, label = row.get(text_column), row.get(label_column)
             pair = None if pair_column is None else row.get(pair_column)
@@ -232,13 +254,6 @@ def stream_rows(path: str | Path, text_column: str, label_column: str, pair_colu
                    None if label is None else str(label), None)
         return
     raise TextDataError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of: {SUPPORTED}")
-
-
-def _check_columns(path: Path, columns: list[str], wanted: list[tuple[str, str]]) -> None:
-    for column, option in wanted:
-        if column not in columns:
-            raise TextDataError(f"data file {path} has no column {column!r} ({option}); "
-                                f"its columns are: {', '.join(map(str, columns)) or 'none'}")
 
 
 def checked_rows(rows, bad: BadRows, text_column: str, label_column: str, pair_column: str | None = None):
@@ -258,11 +273,11 @@ def checked_rows(rows, bad: BadRows, text_column: str, label_column: str, pair_c
 
 
 def read_labelled_file(path: str | Path, text_column: str, label_column: str, pair_column: str | None = None,
-                       bad_rows: str = "error") -> LabelledTexts:
-    """Texts and labels of a CSV, TSV or JSON Lines file, all in memory (small files; the recipe
-    streams through the token cache instead); clear errors for anything unusable."""
-    bad = BadRows(str(path), bad_rows)
-    rows = list(checked_rows(stream_rows(path, text_column, label_column, pair_column), bad, text_column,
+                       bad_rows: str = "error", split: str | None = None) -> LabelledTexts:
+    """Texts and labels of a CSV, TSV or JSON Lines file or a Parquet/Arrow table, all in memory
+    (small files; the recipe streams through the token cache instead); clear errors for anything unusable."""
+    bad = bad_rows_for(path, bad_rows, split)
+    rows = list(checked_rows(stream_rows(path, text_column, label_column, pair_column, split), bad, text_column,
                              label_column, pair_column))
     if not rows:
         raise TextDataError(f"data file {path} is empty: it holds no rows"

@@ -14,7 +14,9 @@ not match its manifest anyway (another writer, a disk error) is not used: :func:
 out of the way with a warning and it is built again.
 
 ``KEY`` is a SHA-256 of: the file's absolute path, size, modification time (ns) and the SHA-256 of
-its first and last MiB; the SHA-256 of ``tokenizer.json``; ``max_length``; the text, pair and label
+its first and last MiB (for a Parquet/Arrow table: its absolute path or glob, its split, and the
+name, size and modification time of every file it reads, JSON files of a ``save_to_disk`` folder
+included, so a changed, added or removed shard is a new entry); the SHA-256 of ``tokenizer.json``; ``max_length``; the text, pair and label
 columns; the ``tokenizers`` version and this format's version. Hashing the head and tail rather than
 the whole file keeps a cached start-up constant-time on files of many GB (a full hash of 10 GB takes
 longer than the start-up target); size and ``mtime_ns`` change on any ordinary write, the head/tail
@@ -32,6 +34,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -58,8 +61,14 @@ def default_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdtrain" / "tokens"
 
 
-def file_identity(path: str | Path) -> dict:
-    """What identifies a data file's content cheaply: path, size, mtime_ns, SHA-256 of head and tail."""
+def file_identity(path: str | Path, split: str | None = None) -> dict:
+    """What identifies a data file's content cheaply: path, size, mtime_ns, SHA-256 of head and tail;
+    of a Parquet/Arrow table (its ``split``): path, split, and every file's name, size and mtime_ns."""
+    from recipes.bert_finetune import table_rows
+
+    if table_rows.is_table(path):
+        absolute = os.path.abspath(os.path.expanduser(str(path)))
+        return {"path": absolute, "split": split, "files": table_rows.open_table(absolute, split).identity()}
     path = Path(path).resolve()
     stat = path.stat()
     digest = hashlib.sha256()
@@ -78,19 +87,22 @@ def tokenizer_digest(model_dir: str | Path) -> str:
 
 
 def key_record(path: str | Path, model_dir: str | Path, max_length: int, text_column: str, label_column: str,
-               pair_column: str | None) -> dict:
-    """Everything the cached arrays depend on."""
+               pair_column: str | None, split: str | None = None) -> dict:
+    """Everything the cached arrays depend on (``split``: the split of a table folder that holds several)."""
     import tokenizers
 
-    return {"format": FORMAT_VERSION, "file": file_identity(path), "tokenizer_sha256": tokenizer_digest(model_dir),
+    return {"format": FORMAT_VERSION, "file": file_identity(path, split), "tokenizer_sha256": tokenizer_digest(model_dir),
             "tokenizers_version": tokenizers.__version__, "max_length": max_length, "text_column": text_column,
             "pair_column": pair_column, "label_column": label_column}
 
 
 def entry_name(record: dict) -> str:
-    """The entry's folder name: the file's stem and a hash of ``record``."""
+    """The entry's folder name: the file's stem (a table's, with its split) and a hash of ``record``."""
     digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:24]
-    return f"{Path(record['file']['path']).stem[:40]}-{digest}"
+    stem = Path(record["file"]["path"]).stem
+    if "files" in record["file"]:  # a table: a glob's wildcards and the split kept out of the folder name's syntax
+        stem = re.sub(r"[^\w.-]+", "_", "-".join(filter(None, (stem, record["file"]["split"]))))
+    return f"{stem[:40]}-{digest}"
 
 
 class _Writer:
@@ -169,8 +181,8 @@ def encode_in_memory(data: text_data.LabelledTexts, tokenizer, vocab_size: int) 
     return _arrays(writer.close(), vocab)
 
 
-def _file_rows(path: Path, text, bad: text_data.BadRows):
-    rows = text_data.stream_rows(path, text.text_column, text.label_column, text.text_pair_column)
+def _file_rows(path: Path, text, bad: text_data.BadRows, split: str | None = None):
+    rows = text_data.stream_rows(path, text.text_column, text.label_column, text.text_pair_column, split)
     return text_data.checked_rows(rows, bad, text.text_column, text.label_column, text.text_pair_column)
 
 
@@ -180,12 +192,13 @@ def _no_rows(path: Path, written: int, bad: text_data.BadRows) -> None:
                                       + (f" that can be used ({bad.summary()})" if bad.total else ""))
 
 
-def encode_file(path: Path, text, tokenizer, vocab_size: int) -> tuple[tokenized.TokenArrays, text_data.BadRows]:
-    """Tokenise a file into memory (``text.cache=false``), streamed like :func:`build`."""
-    bad = text_data.BadRows(str(path), text.bad_rows)
+def encode_file(path: Path, text, tokenizer, vocab_size: int,
+                split: str | None = None) -> tuple[tokenized.TokenArrays, text_data.BadRows]:
+    """Tokenise a file (a table's ``split``) into memory (``text.cache=false``), streamed like :func:`build`."""
+    bad = text_data.bad_rows_for(path, text.bad_rows, split)
     dtype = tokenized.ids_dtype(vocab_size)
     writer = _Writer(None, dtype)
-    vocab = tokenize_rows(_file_rows(path, text, bad), tokenizer, dtype, text.text_pair_column is not None, writer)
+    vocab = tokenize_rows(_file_rows(path, text, bad, split), tokenizer, dtype, text.text_pair_column is not None, writer)
     _no_rows(path, writer.rows, bad)
     return _arrays(writer.close(), vocab), bad
 
@@ -208,7 +221,7 @@ def build(entry: Path, record: dict, text, tokenizer, vocab_size: int) -> bool:
     with _locked(entry.with_name(entry.name + ".lock")):
         if _usable_locked(entry):
             return False
-        path = Path(record["file"]["path"])
+        path, split = Path(record["file"]["path"]), record["file"].get("split")
         for stale in entry.parent.glob(f"{entry.name}.tmp-*"):  # a killed builder's: builds hold this lock
             shutil.rmtree(stale, ignore_errors=True)
         if entry.exists():  # a folder without its manifest (files deleted by hand): never published whole
@@ -219,12 +232,12 @@ def build(entry: Path, record: dict, text, tokenizer, vocab_size: int) -> bool:
         tmp.mkdir()
         try:
             started = time.time()
-            bad = text_data.BadRows(str(path), text.bad_rows)
+            bad = text_data.bad_rows_for(path, text.bad_rows, split)
             dtype = tokenized.ids_dtype(vocab_size)
             writer = _Writer(tmp, dtype)
             durable = False
             try:
-                vocab = tokenize_rows(_file_rows(path, text, bad), tokenizer, dtype,
+                vocab = tokenize_rows(_file_rows(path, text, bad, split), tokenizer, dtype,
                                       text.text_pair_column is not None, writer)
                 durable = True
             finally:
@@ -333,5 +346,6 @@ def open_entry(entry: Path, record: dict, bad_rows: str) -> tuple[tokenized.Toke
         count = counts.get(name, manifest["rows"])
         values[name] = (np.memmap(entry / f"{name}.bin", dtype=dtype, mode="r", shape=(count,)) if count
                         else np.zeros(0, dtype))
-    bad = text_data.BadRows(record["file"]["path"], bad_rows).update(manifest["bad_rows"])
+    bad = text_data.bad_rows_for(record["file"]["path"], bad_rows, record["file"].get("split"))
+    bad.update(manifest["bad_rows"])
     return _arrays(values, manifest["label_vocab"]), bad
