@@ -6,10 +6,11 @@ changes; bad shards and samples are named; brace patterns expand."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
-import json
 import os
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,61 +24,17 @@ from hvdtrain.data.workers import WorkerPool
 from recipes.image_classification.config import ImageConfig
 from recipes.image_classification.data import load_image_folder
 
-datasets = pytest.importorskip("datasets") if os.environ.get("CI") != "true" else __import__("datasets")
-webdataset = pytest.importorskip("webdataset") if os.environ.get("CI") != "true" else __import__("webdataset")
-
 if not photo_tree.available() and os.environ.get("CI") != "true":
     pytest.skip("scikit-image's photos are not installed (scripts/install.sh adds scikit-image==0.26.0)",
                 allow_module_level=True)
 
-
-def samples(tree, split):
-    """``(key, class, JPEG bytes)`` in the ImageFolder index's order (sorted classes, sorted files)."""
-    out = []
-    for cls in sorted(os.listdir(tree / split)):
-        for name in sorted(os.listdir(tree / split / cls)):
-            out.append((f"{cls}_{name.split('.')[0]}", cls, (tree / split / cls / name).read_bytes()))
-    return out
-
-
-def write_tars(tree, root, label="cls", shards=2):
-    classes = sorted(os.listdir(tree / "train"))
-    for split in ("train", "val"):
-        rows = samples(tree, split)
-        (root / split).mkdir(parents=True)
-        for k, part in enumerate(np.array_split(np.arange(len(rows)), shards)):
-            with webdataset.TarWriter(str(root / split / f"{split}-{k:06d}.tar")) as sink:
-                for i in part:
-                    key, cls, data = rows[i]
-                    value = {"cls": classes.index(cls)} if label == "cls" else {"json": {"label": cls}}
-                    sink.write({"__key__": key, "jpg": data, **value})
-    (root / "manifest.json").write_text(json.dumps({"format": "webdataset", "classes": classes}))
-    return root
-
-
-def hf_dataset(tree, split):
-    classes = sorted(os.listdir(tree / "train"))
-    rows = samples(tree, split)
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
-    return datasets.Dataset.from_dict(
-        {"image": [{"bytes": data, "path": f"{key}.jpg"} for key, _, data in rows],
-         "label": [classes.index(cls) for _, cls, _ in rows]}, features=features)
-
-
-def write_parquet(tree, root, shards=2):
-    (root / "data").mkdir(parents=True)
-    for split, name in (("train", "train"), ("val", "validation")):
-        ds = hf_dataset(tree, split)
-        for k in range(shards):
-            ds.shard(shards, k, contiguous=True).to_parquet(str(root / "data" / f"{name}-{k:05d}-of-{shards:05d}.parquet"),
-                                                            batch_size=5)  # row groups of 5: random reads cross them
-    return root
-
-
-def write_arrow(tree, root):
-    splits = datasets.DatasetDict({"train": hf_dataset(tree, "train"), "validation": hf_dataset(tree, "val")})
-    splits.save_to_disk(str(root), num_shards={"train": 2, "validation": 1})
-    return root
+STORES = Path(__file__).resolve().parents[1] / "distributed" / "workers" / "image_stores.py"
+_spec = importlib.util.spec_from_file_location("image_stores", STORES)
+image_stores = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(image_stores)
+samples, write_tars, write_parquet, write_arrow = (image_stores.samples, image_stores.write_tars,
+                                                   image_stores.write_parquet, image_stores.write_arrow)
+webdataset = image_stores.webdataset
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,78 @@
+"""The image recipe on shards (issue 25, item 1), 2 ranks under horovodrun: the small real-photo tree
+of test_image_photos.py stored as WebDataset tars (torch), Hugging Face Parquet (TensorFlow) and a
+``datasets`` ``save_to_disk`` folder (torch, kill-and-resume), each written by its real producer
+(tests/distributed/workers/image_stores.py), read by random access through the decoding workers:
+both frameworks learn it well above chance, the format is detected from ``--data``, and a run
+killed mid-epoch and resumed ends bitwise equal to an uninterrupted one."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from jobs import REPO, assert_same_run, checkpoint_weights, horovodrun, hvdtrain_cli, run, run_metrics
+
+from benchmarks import photo_tree  # noqa: E402
+
+if not photo_tree.available() and os.environ.get("CI") != "true":
+    pytest.skip("scikit-image's photos are not installed (scripts/install.sh adds scikit-image==0.26.0)",
+                allow_module_level=True)
+
+STORES = REPO / "tests" / "distributed" / "workers" / "image_stores.py"
+COMMON = ["--model", "small_cnn", "--batch-size", "16", "--lr", "0.02", "--set", "image.size=32",
+          "--set", "image.workers=1", "--set", "train.log_every=0", "--set", "optim.warmup_epochs=0",
+          "--set", "train.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return photo_tree.make_tree(tmp_path_factory.mktemp("photos"), classes=4, train=60, val=15, size=(200, 150))
+
+
+def store(photos, dest, fmt):
+    run([sys.executable, STORES, photos, dest, fmt], timeout=300)
+    return dest
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("framework,fmt", [("torch", "webdataset"), ("tensorflow", "parquet")])
+def test_two_ranks_learn_real_photos_from_shards(tmp_path, photos, framework, fmt):
+    data, out = store(photos, tmp_path / fmt, fmt), tmp_path / "run"
+    proc = horovodrun([hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--data", data,
+                       "--output", out, "--epochs", "6", *COMMON],
+                      env={"HVDTRAIN_DATA_CACHE": str(tmp_path / "cache")}, timeout=400)
+    rows = run_metrics(out)
+    assert len(rows) == 6 and rows[-1]["world_size"] == 2
+    assert rows[-1]["val_accuracy"] >= 0.6, rows  # chance: 0.25
+    assert "240 train / 60 val" in proc.stdout and "index built" in proc.stdout
+    assert "imagenet: train: RandomResizedCrop 32" in proc.stdout
+
+
+# 240 samples / 2 ranks / batch 16 = 8 steps per epoch (the last padded); checkpoints every 4
+# steps; the kill at step 14 (in epoch 2) leaves step-00000012 as the latest.
+KILL_AT = 14
+
+
+@pytest.mark.distributed
+def test_kill_mid_epoch_then_resume_from_arrow_shards_is_bitwise_equal(tmp_path, photos):
+    data = store(photos, tmp_path / "arrow", "arrow")
+    env = {"HVDTRAIN_DATA_CACHE": str(tmp_path / "cache")}
+
+    def command(out, *extra):
+        return [hvdtrain_cli(), "recipe", "image-classification", "--framework", "torch", "--data", data,
+                "--output", out, "--epochs", "2", "--set", "checkpoint.every_steps=4",
+                "--set", "train.deterministic=true", *COMMON, *extra]
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    horovodrun(command(straight), env=env, timeout=400)
+    started = time.monotonic()
+    crash = horovodrun(command(killed), check=False, timeout=400, env={**env, "HVDTRAIN_FAULT": f"kill:rank=1:step={KILL_AT}"})
+    assert crash.returncode != 0
+    assert time.monotonic() - started < 240, "the job did not come down after a worker was killed"
+    names = sorted(p.name for p in (killed / "checkpoints").iterdir())
+    assert "step-00000012" in names and "epoch-0002" not in names, names
+    resumed = horovodrun(command(killed, "--resume"), env=env, timeout=400)
+    assert "step-00000012" in resumed.stdout and "index cached" in resumed.stdout
+    assert_same_run(checkpoint_weights(straight / "checkpoints" / "epoch-0002", "torch"),
+                    checkpoint_weights(killed / "checkpoints" / "epoch-0002", "torch"), straight, killed)
