@@ -6,10 +6,13 @@ point) or a user's recipe file, ``path/to/my_recipe.py`` (``path.py:name`` if it
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from hvdtrain.cli.common import USER_ERRORS, fail, main
 from hvdtrain.core.config import FRAMEWORKS, describe_keys
+from hvdtrain.core.preemption import EXIT_PREEMPTED, Preempted
 from hvdtrain.core.resolve import load_config
 from hvdtrain.core.plugins import resolve_recipe_name
 from hvdtrain.core.registry import get_recipe, list_recipes
@@ -26,7 +29,9 @@ from hvdtrain.core.registry import get_recipe, list_recipes
 @click.option("--batch-size", type=int, default=None, help="Batch size per worker.")
 @click.option("--lr", type=float, default=None, help="Base learning rate for one worker (scaled by world size).")
 @click.option("--output", default=None, help="Output directory (default: runs/latest).")
-@click.option("--resume", is_flag=True, default=None, help="Continue from the latest checkpoint in --output.")
+@click.option("--resume", is_flag=False, flag_value="yes", default=None, metavar="[auto]",
+              help="Continue from the latest checkpoint in --output; '--resume auto' continues when --output "
+              "holds this run's checkpoints and starts when it is unused (a requeued Slurm job, a restarted pod).")
 @click.option("--fp16-allreduce", is_flag=True, default=None, help="Compress gradients to float16 for the allreduce.")
 @click.option("--timeline", "--timeline-file", "timeline", type=click.Path(dir_okay=False), default=None,
               help="Write Horovod's timeline (Chrome trace JSON) to FILE on rank 0 (comm.timeline). After "
@@ -56,7 +61,7 @@ def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, o
         spec = get_recipe(name)
         config = load_config(spec.defaults, config_file, overrides, recipe=name, framework=framework,
                              output=output, data__path=data, train__epochs=epochs,
-                             train__batch_size=batch_size, optim__lr=lr, checkpoint__resume=resume or None,
+                             train__batch_size=batch_size, optim__lr=lr, checkpoint__resume=_resume_mode(resume),
                              train__fp16_allreduce=fp16_allreduce or None, model__name=model,
                              text__text_column=text_column, text__label_column=label_column,
                              text__text_pair_column=text_pair_column,
@@ -66,8 +71,21 @@ def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, o
             _print_keys(config, spec)
             return
         train(config)
+    except Preempted:  # rank 0 printed where it stopped and how to continue
+        sys.exit(EXIT_PREEMPTED)
     except USER_ERRORS as exc:
         fail(exc)
+
+
+def _resume_mode(value: str | None) -> bool | str | None:
+    """``--resume`` (True), ``--resume auto`` ("auto"), or not given (None: the config's)."""
+    if value is None:
+        return None
+    if value.lower() in ("yes", "true"):
+        return True
+    if value.lower() == "auto":
+        return "auto"
+    raise click.BadParameter(f"{value!r}: give --resume alone, or --resume auto", param_hint="--resume")
 
 
 def _print_keys(config, spec) -> None:

@@ -169,13 +169,41 @@ class CheckpointConfig:
     """Rank-0 checkpointing."""
 
     keep_last: int = _f(3, "checkpoints kept; older ones are deleted after a new one is safely written", min=1)
-    resume: bool = _f(False, "continue from the latest checkpoint in the output directory")
+    resume: bool | str = _f(False, "continue from the latest checkpoint in the output directory: true (--resume), "
+                            "false (an output an earlier run used is refused), or 'auto' (--resume auto: continue when "
+                            "the output holds this run's checkpoints, start when it is unused, refuse another run's; "
+                            "what a requeued Slurm job or a restarted pod needs)", choices=(False, True, "auto"))
+    preempt_signals: str = _f("USR1,TERM", "signals that make every rank stop at the next optimizer step after a "
+                              "step checkpoint, exiting 75 (Slurm's --signal before a time limit or preemption, "
+                              "Kubernetes' eviction): comma-separated names from USR1, USR2, TERM, INT, HUP, XCPU; "
+                              "'none': signals act as without hvdtrain. Not in elastic runs (the elastic driver "
+                              "stops workers by signal)")
     enabled: bool = _f(True, "write a checkpoint at the end of every epoch")
     every_steps: int = _f(0, "also checkpoint every N optimizer steps inside an epoch (0: only at epoch ends); "
                           "a resume continues at the next unseen batch", min=0)
     best_metric: str | None = _f("val_accuracy", "validation metric whose best checkpoint is kept beyond keep_last "
                                  "(None: keep only the last ones)")
     best_mode: str = _f("max", "whether a larger or smaller best_metric is better", choices=("max", "min"))
+
+    def check(self) -> None:
+        """Every name in ``preempt_signals`` is a signal hvdtrain may catch (or the list is ``none``)."""
+        preempt_signal_names(self.preempt_signals)
+
+
+PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")
+
+
+def preempt_signal_names(value: str | None) -> list[str]:
+    """``checkpoint.preempt_signals`` as signal names without ``SIG`` (``none`` or empty: none); an
+    unknown name is a :class:`ConfigError` naming the allowed ones."""
+    names = [part.strip().upper().removeprefix("SIG") for part in (value or "").split(",") if part.strip()]
+    if names == ["NONE"]:
+        return []
+    unknown = [n for n in names if n not in PREEMPT_SIGNALS]
+    if unknown:
+        raise ConfigError(f"checkpoint.preempt_signals: {unknown[0]!r} is not a signal hvdtrain stops on; choose "
+                          f"from {', '.join(PREEMPT_SIGNALS)} (comma-separated) or none")
+    return list(dict.fromkeys(names))
 
 
 TRACKER_NAMES = ("tensorboard", "mlflow", "wandb")
@@ -363,9 +391,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         inner = [a for a in args if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if type(None) in args and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
             return None
-        return _coerce(value, inner[0], key)
+        for candidate in inner[:-1]:  # ``bool | str``: a truth value if it reads as one, else the text
+            try:
+                return _coerce(value, candidate, key)
+            except ConfigError:
+                continue
+        return _coerce(value, inner[-1], key)
     if tp is bool:
         if isinstance(value, bool):
             return value

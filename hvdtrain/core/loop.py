@@ -37,18 +37,18 @@ from hvdtrain.core.checkpoint import CheckpointManager
 from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.config import RunConfig, dump_yaml
 from hvdtrain.core.errors import TrainingError
-from hvdtrain.core.outputdir import OutputLock, discard_unfinished
+from hvdtrain.core.outputdir import CONFIG_FILE, OutputLock, discard_unfinished  # noqa: F401  (CONFIG_FILE: hvdtrain.reporting)
 from hvdtrain.tools.hosts import describe_workers
 from hvdtrain.core.prefetch import prefetch
 from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.registry import get_builder, get_recipe
+from hvdtrain.core.preemption import PreemptionWatch, Preempted, stop_message
 from hvdtrain.core.resume import METRICS_FILE, Position
 from hvdtrain.core.saving import CheckpointPolicy
 from hvdtrain.core.schedule import build_schedule, schedule_step
 from hvdtrain.core.visibility import check_trackers, default_callbacks, run_callbacks
 from hvdtrain.core.watchdog import StallWatchdog
 
-CONFIG_FILE = "config.yaml"
 
 
 @dataclass
@@ -114,7 +114,8 @@ class Trainer:
         self.lock = OutputLock(Path(cfg.output))  # rank 0 takes it when it plans, holds it to the end
         self.fresh_output = False  # set when the agreed start is a new run into an unused output
         try:
-            with StallWatchdog(cfg.train.stall_timeout_sec, ctx.rank) as self.watchdog:
+            with StallWatchdog(cfg.train.stall_timeout_sec, ctx.rank) as self.watchdog, \
+                    PreemptionWatch(cfg.checkpoint.preempt_signals, ctx.rank, not cfg.train.elastic) as self.preemption:
                 return self._fit(builder)
         except BaseException:
             if self.lock.held and self.fresh_output:  # rank 0: a new run that failed before its first epoch
@@ -259,6 +260,8 @@ class Trainer:
             gate.print("epoch {epoch}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
                        "val_accuracy {acc:.4f} {samples_per_sec:.0f} samples/s".format(
                            acc=record.get("val_accuracy", float("nan")), **record))
+            if epoch + 1 < end and not stop:  # after the last epoch the run simply ends
+                self._stop_if_signalled(Position(epoch + 1, 0, stats.global_step), None, saved=True)  # written above
             state.position, state.carried = Position(epoch + 1, 0, stats.global_step), None
             state.commit()
             if stop:
@@ -319,9 +322,30 @@ class Trainer:
                                               "steps": len(batch_list)})
             position = Position(epoch, start + (i + 1) * batch_size * ctx.data_size, stats.global_step)
             saved = self.checkpoints.maybe_save(ctx, position, stats, apply, last_in_epoch=i == last)
+            if apply and i != last:  # the last step's signal is heard after the epoch's checkpoint
+                self._stop_if_signalled(position, stats.totals(), saved)
             if elastic.commit_due(cfg, stats.global_step, apply, checkpointed=saved):
                 state.position, state.carried = position, stats.totals()
                 state.commit()  # distributed: may raise to let Horovod add or remove workers here
+
+    def _stop_if_signalled(self, position: Position, totals: dict[str, Any] | None, saved: bool) -> None:
+        """At an optimizer-step boundary (``totals``: the epoch's partial sums) or an epoch's end
+        (None): when any rank got a preemption signal, every rank writes a step checkpoint here
+        (unless one was just written) and raises :class:`Preempted` (a collective while signals are
+        watched: :meth:`PreemptionWatch.agreed`)."""
+        signals = self.preemption.agreed(self.adapter)  # distributed
+        if not signals:
+            return
+        checkpoint = None
+        if self.config.checkpoint.enabled:
+            name = f"step-{position.step:08d}" if totals is not None else f"epoch-{position.epoch:04d}"
+            if not saved:
+                self.checkpoints.save(self.ctx, name, position, totals, None)
+            checkpoint = str(self.manager.directory / name)
+        message = stop_message(signals, position.step, position.epoch if totals is not None else position.epoch - 1,
+                               checkpoint)
+        self.gate.print(f"hvdtrain: {message}")
+        raise Preempted(message, signals, checkpoint)
 
     def _evaluate(self, task: Any, ctx: DistContext) -> dict[str, float]:
         """Validation metrics over the whole validation set, each sample counted once."""

@@ -26,7 +26,8 @@ from pathlib import Path
 
 LOCK_FILE = ".hvdtrain.lock"
 # What a run writes into its output (besides the recipe's own files): their presence means "used".
-RUN_FILES = ("config.yaml", "metrics.jsonl")
+CONFIG_FILE = "config.yaml"  # the run's whole config, written by rank 0 once every rank agreed on the start
+RUN_FILES = (CONFIG_FILE, "metrics.jsonl")
 RUN_PATTERNS = ("metrics.jsonl.abandoned-*", "events.out.tfevents.*")
 CHECKPOINT_DIR = "checkpoints"
 # the trackers' run ids and W&B's run files (hvdtrain/observability/trackers): a fresh run that failed

@@ -35,7 +35,7 @@ from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager
 from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.config import RunConfig, resume_keys, to_dict
 from hvdtrain.core.errors import TrainingError
-from hvdtrain.core.outputdir import OutputLock, describe, run_files
+from hvdtrain.core.outputdir import CONFIG_FILE, OutputLock, describe, run_files
 
 METRICS_FILE = "metrics.jsonl"
 RANK_STATE_FILE = "rank_state.json"
@@ -89,13 +89,20 @@ def incompatibility(info: CheckpointInfo, config: RunConfig) -> str | None:
         if info.manifest.get(key) != getattr(config, key):
             return (f"cannot resume: checkpoint {info.path} is from {key} {info.manifest.get(key)!r}, this run "
                     f"uses {getattr(config, key)!r} (nothing was changed)")
-    saved, now = info.manifest.get("config", {}), to_dict(config)
+    return config_difference(info.manifest.get("config", {}), config, "cannot resume:",
+                             f"checkpoint {info.path} was saved with")
+
+
+def config_difference(saved: dict[str, Any], config: RunConfig, lead: str, source: str) -> str | None:
+    """The first state-defining key (:func:`~hvdtrain.core.config.resume_keys`) whose value in the
+    ``saved`` config differs from ``config``'s, as ``"{lead} {source} KEY=...; this run has ..."``."""
+    now = to_dict(config)
     for key, kind in resume_keys(config):
         before, after = _get(saved, key), _get(now, key)
         if before is _MISSING or _comparable(key, before) == _comparable(key, after):
             continue  # a checkpoint from a version without that key has nothing to compare
         why = " (its position in the data would skip or repeat samples)" if kind == "data" else ""
-        return (f"cannot resume: checkpoint {info.path} was saved with {key}={before!r}, this run "
+        return (f"{lead} {source} {key}={before!r}, this run "
                 f"has {key}={after!r}{why}; use the same {key} or another --output (nothing was changed)")
     return None
 
@@ -118,8 +125,35 @@ def plan_start(config: RunConfig, manager: CheckpointManager, output: Path, lock
     return plan
 
 
+def other_run(output: Path, config: RunConfig) -> str | None:
+    """With ``checkpoint.resume=auto``: why ``output``'s run is not this one (another recipe,
+    framework or state-defining key in its ``config.yaml``, or no ``config.yaml`` at all), or None."""
+    import yaml
+
+    path = output / CONFIG_FILE
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        saved = None
+    if not isinstance(saved, dict):
+        return (f"output directory {output} already holds a run ({describe(run_files(output))}) with no readable "
+                f"{CONFIG_FILE} to tell whether it is this run")
+    for key in ("recipe", "framework"):
+        if saved.get(key) != getattr(config, key):
+            return f"output directory {output} holds a {key} {saved.get(key)!r} run, this run is {getattr(config, key)!r}"
+    return config_difference(saved, config, f"output directory {output} holds another run:", f"{path} has")
+
+
 def _plan(config: RunConfig, manager: CheckpointManager, output: Path) -> dict[str, Any]:
-    if not config.checkpoint.resume:
+    if config.checkpoint.resume == "auto":
+        if not run_files(output):
+            manager.remove_temporaries()
+            return {"checkpoint": None, "fresh": True}
+        problem = other_run(output, config)
+        if problem:
+            return {"error": f"checkpoint.resume=auto: {problem}; continue it with --resume (the usual checks) or "
+                             f"choose another --output (nothing was changed)"}
+    elif not config.checkpoint.resume:
         used = run_files(output)
         if used:
             return {"error": f"output directory {output} already holds a run ({describe(used)}); pass --resume to "
