@@ -49,7 +49,10 @@ def convert_command(paths, fmt, splits, shard_size, samples_per_shard, workers, 
 def _convert(src: str, dest: str, **options) -> None:
     from hvdtrain.data.convert import convert
 
-    result = convert(src, dest, **options)
+    def progress(entry: dict) -> None:
+        click.echo(f"wrote {entry['name']}  {entry['samples']:,d} images  {entry['bytes'] / 1e6:,.1f} MB")
+
+    result = convert(src, dest, progress=progress, **options)
     for name, split in result.manifest["splits"].items():
         count = len(split["shards"])
         click.echo(f"{name:8s} {split['samples']:>10,d} images in {count:,d} shard{'s' * (count != 1)}")

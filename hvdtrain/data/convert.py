@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -44,7 +43,8 @@ import numpy as np
 
 from hvdtrain._version import __version__
 from hvdtrain.core.durable import atomic_write_text, fsync_path
-from hvdtrain.data.convert_shards import (FORMATS, WORK_DIR, ShardTask, finished, is_partial, plan_digest,
+from hvdtrain.data.convert_pool import run_tasks, start_pool
+from hvdtrain.data.convert_shards import (FORMATS, WORK_DIR, ShardTask, finished, partial_of, plan_digest,
                                           sample_keys, shard_name, write_shard)
 from hvdtrain.data.index import IMAGE_EXTENSIONS, DataError, ImageIndex, load_index
 
@@ -175,18 +175,26 @@ def _cut(sizes: np.ndarray, shard_size: int | None, per_shard: int | None) -> li
     return ranges
 
 
+def check_options(fmt: str, shard_size: int | str | None, samples_per_shard: int | None, workers: int = 1) -> int | None:
+    """Raise on a bad format, shard size or worker count; return the target bytes per shard (None:
+    ``samples_per_shard`` counts)."""
+    if fmt not in FORMATS:
+        raise ConvertError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if workers < 1:
+        raise ConvertError(f"--workers {workers} must be at least 1")
+    if shard_size is not None and samples_per_shard is not None:
+        raise ConvertError("give --shard-size or --samples-per-shard, not both")
+    if samples_per_shard is not None and samples_per_shard < 1:
+        raise ConvertError(f"--samples-per-shard {samples_per_shard} must be at least 1")
+    return None if samples_per_shard else parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
+
+
 def make_plan(src: str | Path, dest: str | Path, fmt: str, splits: list[str] | tuple[str, ...] = (),
               shard_size: int | str | None = None, samples_per_shard: int | None = None,
               val_labels: str | Path | None = None, shuffle_seed: int | None = 0,
               cache: str | Path | None = None) -> Plan:
     """Decide every shard of a conversion (see the module's docstring)."""
-    if fmt not in FORMATS:
-        raise ConvertError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
-    if shard_size is not None and samples_per_shard is not None:
-        raise ConvertError("give --shard-size or --samples-per-shard, not both")
-    if samples_per_shard is not None and samples_per_shard < 1:
-        raise ConvertError(f"--samples-per-shard {samples_per_shard} must be at least 1")
-    target = None if samples_per_shard else parse_size(shard_size if shard_size is not None else DEFAULT_SHARD_SIZE)
+    target = check_options(fmt, shard_size, samples_per_shard)
     src, dest = Path(src).resolve(), Path(dest).resolve()
     classes, loaded = load_splits(src, splits, val_labels, cache)
     for name, _, _ in loaded:
@@ -250,21 +258,24 @@ def claim_dest(plan: Plan):
     dest.mkdir(parents=True, exist_ok=True)
     recorded = _recorded_identity(dest)
     if recorded is not None and recorded[1] != plan.identity:
-        raise ConvertError(f"DEST {dest} holds another conversion ({recorded[0]}): {_differences(recorded[1], plan.identity)}; "
-                           f"choose a new folder or remove it")
+        raise ConvertError(f"DEST {dest} holds another conversion ({recorded[0]}): "
+                           f"{_differences(recorded[1], plan.identity)}; choose a new folder or remove it")
     ours = {task.name for task in plan.tasks} | {MANIFEST, WORK_DIR}
     if plan.fmt == "parquet":
         ours.add("data")
-    foreign = []
+    foreign, partials = [], []
     for root, dirs, files in os.walk(dest):
         rel = Path(root).relative_to(dest)
         if rel.parts[:1] == (WORK_DIR,):
             dirs.clear()
             continue
         for name in sorted(dirs) + sorted(files):
-            path = (rel / name).as_posix()
-            if path not in ours and not (name in files and is_partial(name)):
-                foreign.append(path)
+            if (rel / name).as_posix() in ours:
+                continue
+            if name in files and (rel / str(partial_of(name))).as_posix() in ours:
+                partials.append(Path(root) / name)  # a shard a killed run was writing
+            else:
+                foreign.append((rel / name).as_posix())
         dirs[:] = [d for d in dirs if (rel / d).as_posix() in ours]
     if foreign:
         raise ConvertError(f"DEST {dest} holds files that are not this conversion's: {', '.join(foreign[:5])}"
@@ -282,11 +293,8 @@ def claim_dest(plan: Plan):
         atomic_write_text(work / PLAN, json.dumps(plan.identity))
     if plan.fmt == "parquet":
         (dest / "data").mkdir(exist_ok=True)
-    for folder in (dest, dest / "data"):
-        if folder.is_dir():
-            for entry in folder.iterdir():
-                if is_partial(entry.name):
-                    entry.unlink()  # a shard a killed run was writing
+    for path in partials:
+        path.unlink(missing_ok=True)
     if (dest / MANIFEST).is_file():
         manifest = json.loads((dest / MANIFEST).read_text())
         entries = {s["name"]: s for split in manifest["splits"].values() for s in split["shards"]}
@@ -297,39 +305,6 @@ def claim_dest(plan: Plan):
             done.append(entry if entry and path.is_file() and path.stat().st_size == entry["bytes"] else None)
         return done, lock
     return [finished(task) for task in plan.tasks], lock
-
-
-def _pool(workers: int):
-    import multiprocessing as mp
-
-    from hvdtrain.data.workers import _die_with_parent, _main_not_reimported
-
-    with _main_not_reimported():
-        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_die_with_parent,
-                                   initargs=(os.getpid(),))
-        pool.submit(int).result()  # start the workers while __main__ is hidden
-    return pool
-
-
-def run_tasks(function: Callable, tasks: list, workers: int, done: Callable[[int, object], None]) -> None:
-    """``function(task)`` for every task, in ``workers`` processes (1: in this one), calling
-    ``done(i, result)`` in this process as each finishes; the first failure is raised."""
-    if workers <= 1 or len(tasks) <= 1:
-        for i, task in enumerate(tasks):
-            done(i, function(task))
-        return
-    from concurrent.futures import FIRST_EXCEPTION, wait
-
-    pool = _pool(min(workers, len(tasks)))
-    try:
-        futures = {pool.submit(function, task): i for i, task in enumerate(tasks)}
-        pending = set(futures)
-        while pending:
-            ready, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            for future in sorted(ready, key=futures.get):
-                done(futures[future], future.result())
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass
@@ -350,12 +325,13 @@ def convert(src: str | Path, dest: str | Path, fmt: str, *, splits: list[str] | 
             progress: Callable[[dict], None] | None = None) -> ConvertResult:
     """Convert an image tree into shards in DEST (see the module's docstring); ``progress`` is
     called with each shard's manifest entry as it is written."""
-    if workers < 1:
-        raise ConvertError(f"--workers {workers} must be at least 1")
     start = time.perf_counter()
-    plan = make_plan(src, dest, fmt, splits, shard_size, samples_per_shard, val_labels, shuffle_seed, cache)
-    entries, lock = claim_dest(plan)
+    check_options(fmt, shard_size, samples_per_shard, workers)  # before starting processes
+    pool = start_pool(workers)
+    lock = None
     try:
+        plan = make_plan(src, dest, fmt, splits, shard_size, samples_per_shard, val_labels, shuffle_seed, cache)
+        entries, lock = claim_dest(plan)
         tasks = plan.tasks
         todo = [i for i, entry in enumerate(entries) if entry is None]
         written = {"samples": 0, "bytes": 0}
@@ -367,7 +343,7 @@ def convert(src: str | Path, dest: str | Path, fmt: str, *, splits: list[str] | 
             if progress is not None:
                 progress(entry)
 
-        run_tasks(write_shard, [tasks[i] for i in todo], workers, done)
+        run_tasks(write_shard, [tasks[i] for i in todo], pool, done)
         manifest = {"format": plan.fmt, "classes": plan.classes, "splits": {}, "source": plan.source,
                     "options": plan.options, "created_by": f"hvdtrain {__version__} convert"}
         position = 0
@@ -380,9 +356,13 @@ def convert(src: str | Path, dest: str | Path, fmt: str, *, splits: list[str] | 
         shutil.rmtree(plan.dest / WORK_DIR, ignore_errors=True)
         fsync_path(plan.dest)
     finally:
-        lock.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if lock is not None:
+            lock.close()
     return ConvertResult(manifest, len(todo), len(tasks) - len(todo), written["samples"], written["bytes"],
                          time.perf_counter() - start)
 
 
-__all__ = ["ConvertError", "ConvertResult", "DataError", "Plan", "convert", "load_splits", "make_plan", "parse_size"]
+__all__ = ["ConvertError", "ConvertResult", "DataError", "Plan", "convert", "check_options", "load_splits", "make_plan",
+           "parse_size"]

@@ -27,6 +27,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,9 +131,10 @@ def finished(task: ShardTask) -> dict | None:
     return {k: record[k] for k in ("name", "samples", "bytes", "sha256")}
 
 
-def is_partial(name: str) -> bool:
-    """True for a temporary shard file of this module (``.<shard>.partial-<pid>``)."""
-    return name.startswith(".") and PARTIAL in name
+def partial_of(name: str) -> str | None:
+    """The shard file name whose temporary file ``name`` is (``.<shard>.partial-<pid>``), else None."""
+    match = re.fullmatch(r"\.(.+)" + re.escape(PARTIAL) + r"\d+", name)
+    return match.group(1) if match else None
 
 
 def _write_tar(task: ShardTask, f) -> None:

@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hvdtrain.data.convert import MANIFEST, ConvertError, load_splits, run_tasks
-from hvdtrain.data.convert_shards import ROW_GROUP, extension, file_digest, path_text, sample_keys
+from hvdtrain.data.convert import MANIFEST, ConvertError, load_splits
+from hvdtrain.data.convert_pool import run_tasks, start_pool
+from hvdtrain.data.convert_shards import FORMATS, ROW_GROUP, extension, file_digest, path_text, sample_keys
 
 SOURCE_CHUNK = 512   # source images hashed per task
 KEPT = 1000          # problems kept (the count goes on)
@@ -132,11 +133,15 @@ def _job(job: tuple) -> tuple:
 def verify(dest: str | Path, src: str | Path, *, val_labels: str | Path | None = None, workers: int = 1,
            cache: str | Path | None = None) -> VerifyResult:
     """Check the conversion in ``dest`` against the tree ``src`` (see the module's docstring)."""
+    if workers < 1:
+        raise ConvertError(f"--workers {workers} must be at least 1")
     start = time.perf_counter()
     dest = Path(dest)
     try:
         manifest = json.loads((dest / MANIFEST).read_text())
-        fmt, splits, recorded = manifest["format"], manifest["splits"], manifest["classes"]
+        splits = manifest["splits"]
+        if manifest["format"] not in FORMATS or not isinstance(manifest["classes"], list):
+            raise ValueError(f"format {manifest['format']!r}, classes {str(manifest['classes'])[:40]}")
     except FileNotFoundError:
         raise ConvertError(f"{dest} holds no {MANIFEST}: not a finished conversion (run hvdtrain convert first, "
                            f"or again to finish it)") from None
@@ -144,6 +149,16 @@ def verify(dest: str | Path, src: str | Path, *, val_labels: str | Path | None =
         raise ConvertError(f"{dest / MANIFEST} is not a conversion manifest: {exc}") from None
     labels_files = {name: (s or {}).get("labels_file") for name, s in (manifest.get("source") or {}).get("splits", {}).items()}
     labels = (val_labels or labels_files.get("val")) if "val" in splits else None
+    pool = start_pool(workers)
+    try:
+        return _verify(dest, src, manifest, labels, pool, cache, start)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _verify(dest: Path, src: str | Path, manifest: dict, labels: str | None, pool, cache, start: float) -> VerifyResult:
+    fmt, splits, recorded = manifest["format"], manifest["splits"], manifest["classes"]
     classes, loaded = load_splits(src, list(splits), labels, cache)
     result = VerifyResult()
     if recorded != classes:
@@ -158,7 +173,7 @@ def verify(dest: str | Path, src: str | Path, *, val_labels: str | Path | None =
             jobs.append(("shard", fmt, str(dest / entry["name"]), entry["name"], classes))
             owners.append((name, entry))
     outputs: list = [None] * len(jobs)
-    run_tasks(_job, jobs, workers, lambda i, out: outputs.__setitem__(i, out))
+    run_tasks(_job, jobs, pool, lambda i, out: outputs.__setitem__(i, out))
 
     listed = {entry["name"] for split in splits.values() for entry in split["shards"]}
     for folder in (dest, dest / "data"):

@@ -25,7 +25,7 @@ from jobs import hvdtrain_cli, job_env
 
 from benchmarks import photo_tree  # noqa: E402
 from hvdtrain.data.convert import ConvertError, convert, make_plan
-from hvdtrain.data.convert_shards import ROW_GROUP, WORK_DIR, is_partial
+from hvdtrain.data.convert_shards import ROW_GROUP, WORK_DIR, partial_of
 from hvdtrain.data.convert_verify import verify
 from hvdtrain.data.index import load_index
 
@@ -190,8 +190,8 @@ def test_worker_killed_mid_shard_is_finished_by_a_rerun_keeping_finished_shards(
         while len(list(records.glob("*.tar.json"))) < len(plan.tasks) - 1:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
             time.sleep(0.05)
-        partial = [p for p in (tmp_path / "dest").iterdir() if is_partial(p.name)]
-        assert [p.name.split(".partial-")[0] for p in partial] == ["." + stuck.name]
+        partial = [p for p in (tmp_path / "dest").iterdir() if partial_of(p.name)]
+        assert [partial_of(p.name) for p in partial] == [stuck.name]
         assert partial[0].stat().st_size > 0  # four images written, the fifth never comes
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -207,7 +207,7 @@ def test_worker_killed_mid_shard_is_finished_by_a_rerun_keeping_finished_shards(
     assert (result.written, result.kept) == (1, len(plan.tasks) - 1)
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "dest").glob("*.tar")
             if p.name != stuck.name} == kept
-    assert not [p for p in (tmp_path / "dest").iterdir() if is_partial(p.name) or p.name == WORK_DIR]
+    assert not [p for p in (tmp_path / "dest").iterdir() if partial_of(p.name) or p.name == WORK_DIR]
     convert(src, tmp_path / "fresh", "webdataset", samples_per_shard=10)
     assert digests(tmp_path / "dest") == digests(tmp_path / "fresh")  # manifest included
     again = convert(src, tmp_path / "dest", "webdataset", samples_per_shard=10)  # finished: nothing to do
@@ -218,9 +218,12 @@ def test_dest_of_another_conversion_or_with_users_files_is_refused(tree, tmp_pat
     users = tmp_path / "users"
     users.mkdir()
     (users / "notes.txt").write_text("mine")
-    with pytest.raises(ConvertError, match=r"DEST .*users holds files that are not this conversion's: notes\.txt"):
+    (users / ".notes.txt.partial-7").write_text("also mine")  # named like a temporary shard, of no shard
+    with pytest.raises(ConvertError, match=r"DEST .*users holds files that are not this conversion's: "
+                                           r"\.notes\.txt\.partial-7, notes\.txt; choose a new or empty folder"):
         convert(tree, users, "webdataset")
-    assert sorted(os.listdir(users)) == ["notes.txt"] and (users / "notes.txt").read_text() == "mine"
+    assert sorted(os.listdir(users)) == [".notes.txt.partial-7", "notes.txt"]
+    assert (users / "notes.txt").read_text() == "mine"
 
     dest = tmp_path / "dest"
     convert(tree, dest, "parquet", samples_per_shard=50)
@@ -300,7 +303,11 @@ def cli(*args, check_rc=None):
 def test_cli_converts_verifies_and_refuses_in_one_line(tree, tmp_path):
     dest = tmp_path / "pq"
     out = cli(tree, dest, "--to", "parquet", "--samples-per-shard", "50", "--workers", "2", check_rc=0).stdout
-    assert out.splitlines()[:2] == ["train           120 images in 3 shards", "val              12 images in 1 shard"]
+    lines = out.splitlines()
+    assert sorted(line.split("  ")[0] for line in lines[:4]) == [
+        "wrote data/train-00000-of-00003.parquet", "wrote data/train-00001-of-00003.parquet",
+        "wrote data/train-00002-of-00003.parquet", "wrote data/val-00000-of-00001.parquet"]
+    assert lines[4:6] == ["train           120 images in 3 shards", "val              12 images in 1 shard"]
     assert "wrote 4 shards (132 images" in out
     assert "images/s" in out and "MB/s" in out
     assert sorted(glob.glob(str(dest / "data/*.parquet"))) == [str(dest / f"data/train-0000{i}-of-00003.parquet")
