@@ -327,7 +327,7 @@ def convert(src: str | Path, dest: str | Path, fmt: str, *, splits: list[str] | 
     called with each shard's manifest entry as it is written."""
     start = time.perf_counter()
     check_options(fmt, shard_size, samples_per_shard, workers)  # before starting processes
-    pool = start_pool(workers)
+    pool = start_pool(workers, ("pyarrow.parquet",) if fmt == "parquet" else ())
     lock = None
     try:
         plan = make_plan(src, dest, fmt, splits, shard_size, samples_per_shard, val_labels, shuffle_seed, cache)

@@ -9,21 +9,29 @@ conversion leaves none behind: ``hvdtrain.data.workers``' parent-death watch).
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Callable
 
 from hvdtrain.data.workers import _die_with_parent, _main_not_reimported
 
 
-def start_pool(workers: int) -> ProcessPoolExecutor | None:
-    """A pool of ``workers`` processes, starting now (None for one worker: tasks run in this process)."""
+def _start_worker(parent_pid: int, modules: tuple[str, ...]) -> None:
+    _die_with_parent(parent_pid)
+    for module in modules:
+        importlib.import_module(module)
+
+
+def start_pool(workers: int, modules: tuple[str, ...] = ()) -> ProcessPoolExecutor | None:
+    """A pool of ``workers`` processes, starting now and importing ``modules`` (pyarrow takes a
+    second) while the caller goes on; None for one worker (tasks then run in this process)."""
     if workers <= 1:
         return None
     with _main_not_reimported():
-        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_die_with_parent,
-                                   initargs=(os.getpid(),))
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker,
+                                   initargs=(os.getpid(), tuple(modules)))
         for _ in range(workers):  # each submit to a pool with no idle worker spawns one, here, while __main__ is hidden
             pool.submit(int)
     return pool
@@ -41,7 +49,7 @@ def run_tasks(function: Callable, tasks: list, pool: ProcessPoolExecutor | None,
     pending = set(futures)
     try:
         while pending:
-            ready, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            ready, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in sorted(ready, key=futures.get):
                 done(futures[future], future.result())
     finally:

@@ -149,7 +149,7 @@ def verify(dest: str | Path, src: str | Path, *, val_labels: str | Path | None =
         raise ConvertError(f"{dest / MANIFEST} is not a conversion manifest: {exc}") from None
     labels_files = {name: (s or {}).get("labels_file") for name, s in (manifest.get("source") or {}).get("splits", {}).items()}
     labels = (val_labels or labels_files.get("val")) if "val" in splits else None
-    pool = start_pool(workers)
+    pool = start_pool(workers, ("pyarrow.parquet",) if manifest["format"] == "parquet" else ())
     try:
         return _verify(dest, src, manifest, labels, pool, cache, start)
     finally:
