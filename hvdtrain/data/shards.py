@@ -94,6 +94,72 @@ def _parse_label(shard: Path, key: str, ext: str, data: bytes):
         raise DataError(f"shard {shard}: sample {key!r}: unreadable label member {key}.{ext}: {exc}") from None
 
 
+class _Special(Exception):
+    """A header only :mod:`tarfile` reads (pax, GNU long names, base-256 sizes)."""
+
+
+def _truncated(path: Path, last: str | None, what: str) -> DataError:
+    after = f" after member {last}" if last is not None else ""
+    return DataError(f"shard {path} is truncated{after}: {what} (a copy cut short?)")
+
+
+def _ustar_members(path: Path, fd: int, size: int) -> list[tuple[str, int, int, bytes | None]]:
+    """``(name, data offset, size, data if at most 512 bytes)`` of the regular members of a plain
+    ustar/GNU tar, read header by header (one ``pread`` each, the small members' data included);
+    raises :class:`_Special` at a header only :mod:`tarfile` reads."""
+    members, offset, last = [], 0, None
+    while True:
+        block = os.pread(fd, 1024, offset)
+        if len(block) < 512:
+            raise _truncated(path, last, "it ends inside a header" if block else "it lacks the end-of-archive marker")
+        header = block[:512]
+        if header.count(0) == 512:
+            if len(block) < 1024 or block[512:].count(0) != 512:
+                raise _truncated(path, last, "it lacks the end-of-archive marker")
+            return members
+        flag = header[156:157]
+        if flag not in (b"0", b"\0", b"1", b"2", b"3", b"4", b"5", b"6", b"7") or header[124] & 0x80:
+            raise _Special()
+        if offset == 0 and int(header[148:156].split(b"\0", 1)[0].strip() or b"-1", 8) != \
+                sum(header[:148]) + 256 + sum(header[156:]):
+            raise DataError(f"shard {path} is not a tar file (its first header's checksum does not match)")
+        try:
+            length = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+        except ValueError:
+            raise DataError(f"shard {path}: the header after member {last} is not a tar header") from None
+        name = header[:100].split(b"\0", 1)[0]
+        if header[257:262] == b"ustar" and header[345]:
+            name = header[345:500].split(b"\0", 1)[0] + b"/" + name
+        last = name.decode("utf-8", "surrogateescape")
+        if offset + 512 + length > size:
+            raise DataError(f"shard {path} is truncated: member {last} needs bytes up to {offset + 512 + length:,}, "
+                            f"the file has {size:,}")
+        if flag in (b"0", b"\0"):
+            members.append((last, offset + 512, length, block[512:512 + length] if length <= 512 else None))
+        offset += 512 + (length + 511) // 512 * 512
+
+
+def _tarfile_members(path: Path, raw, size: int) -> list[tuple[str, int, int, bytes | None]]:
+    """The same as :func:`_ustar_members`, through :mod:`tarfile` (pax and GNU headers)."""
+    members, last = [], None
+    try:
+        with tarfile.open(fileobj=raw, mode="r:") as tar:
+            for info in tar:
+                last = info.name
+                if info.offset_data + info.size > size:
+                    raise DataError(f"shard {path} is truncated: member {info.name} needs bytes up to "
+                                    f"{info.offset_data + info.size:,}, the file has {size:,}")
+                if info.isfile():
+                    members.append((info.name, info.offset_data, info.size, None))
+            tail = os.pread(raw.fileno(), 1024, tar.offset)
+    except tarfile.ReadError as exc:
+        after = f" after member {last}" if last is not None else ""
+        raise DataError(f"shard {path} is not a readable tar{after}: {exc} (truncated or not a tar file)") from None
+    if len(tail) < 1024 or tail.strip(b"\0"):
+        raise _truncated(path, last, "it lacks the end-of-archive marker")
+    return members
+
+
 def scan_tar(path: Path, shard: int, scan: Scan) -> None:
     """Index one WebDataset tar from its headers (labels read from their small members)."""
     if path.name.lower().endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")):
@@ -101,33 +167,22 @@ def scan_tar(path: Path, shard: int, scan: Scan) -> None:
                         f"without compression; JPEG/PNG members gain nothing from it)")
     size = path.stat().st_size
     samples: dict[str, dict] = {}
-    last = None
-    try:
-        with open(path, "rb") as raw, tarfile.open(fileobj=raw, mode="r:") as tar:
-            for info in tar:
-                last = info
-                if not info.isfile():
-                    continue
-                if info.offset_data + info.size > size:
-                    raise DataError(f"shard {path} is truncated: member {info.name} needs bytes up to "
-                                    f"{info.offset_data + info.size:,}, the file has {size:,}")
-                key, ext = _split_name(info.name)
-                if not key or key.startswith("__"):  # webdataset's own metadata members
-                    continue
-                sample = samples.setdefault(key, {})
-                if ext in TAR_IMAGES and "image" not in sample:
-                    sample["image"] = (info.offset_data, info.size)
-                elif ext in ("cls", "json") and "label" not in sample:
-                    sample["label"] = _parse_label(path, key, ext, os.pread(raw.fileno(), info.size, info.offset_data))
-                sample.setdefault("exts", []).append(ext)
-            end = tar.offset
-            tail = os.pread(raw.fileno(), 1024, end)
-    except tarfile.ReadError as exc:
-        after = f" after member {last.name}" if last is not None else ""
-        raise DataError(f"shard {path} is not a readable tar{after}: {exc} (truncated or not a tar file)") from None
-    if len(tail) < 1024 or tail.strip(b"\0"):
-        after = f" after member {last.name}" if last is not None else ""
-        raise DataError(f"shard {path} is truncated{after}: it lacks the end-of-archive marker (a copy cut short?)")
+    with open(path, "rb") as raw:
+        try:
+            members = _ustar_members(path, raw.fileno(), size)
+        except _Special:
+            members = _tarfile_members(path, raw, size)
+        for name, offset, length, head in members:
+            key, ext = _split_name(name)
+            if not key or key.startswith("__"):  # webdataset's own metadata members
+                continue
+            sample = samples.setdefault(key, {"exts": []})
+            if ext in TAR_IMAGES and "image" not in sample:
+                sample["image"] = (offset, length)
+            elif ext in ("cls", "json") and "label" not in sample:
+                data = head if head is not None else os.pread(raw.fileno(), length, offset)
+                sample["label"] = _parse_label(path, key, ext, data)
+            sample["exts"].append(ext)
     keys, labels, a, b = [], [], [], []
     for key, sample in samples.items():
         if "image" not in sample:

@@ -189,3 +189,19 @@ def test_brace_expansion():
     assert braces.expand("x-{0..1}-{us,{eu,ap}}") == ["x-0-us", "x-0-eu", "x-0-ap", "x-1-us", "x-1-eu", "x-1-ap"]
     assert braces.expand("plain{}.tar") == ["plain{}.tar"] and braces.expand("{solo}") == ["{solo}"]
     assert len(braces.expand("imagenet-train-{000000..001023}.tar")) == 1024
+
+
+def test_pax_and_long_member_names_are_read_through_tarfile(stores, tmp_path):
+    """Names over 100 bytes or not ASCII get pax headers: the fast header scan hands them to tarfile."""
+    shard = tmp_path / "long.tar"
+    rows = samples(stores["folder"], "train")[:3]
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tar:
+        for i, (key, _, data) in enumerate(rows):
+            key = ("d" * 120 + "/" if i == 1 else "") + key + ("-café" if i == 2 else "")
+            for ext, payload in (("jpg", data), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    index = load_shard_index([shard], "webdataset")
+    assert index.labels.tolist() == [0, 1, 2] and index.relpath(2).endswith("-café")
+    assert [index.reader().read(i) for i in range(3)] == [data for _, _, data in rows]
