@@ -45,6 +45,27 @@ def horovodrun(args: list[str], np: int = 2, controller: str = "gloo", **kwargs)
     return run([BIN / "horovodrun", "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", *args], **kwargs)
 
 
+def worker_pid(rank: int, marker: str, timeout: float = 120) -> int:
+    """The pid of the job worker of Horovod rank ``rank`` whose command line contains ``marker``
+    (e.g. its unique --output), waiting up to ``timeout`` seconds for it to start."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker in cmdline and f"HOROVOD_RANK={rank}".encode() in environ and "horovodrun" not in cmdline:
+                return int(entry.name)
+        time.sleep(0.2)
+    raise AssertionError(f"no worker of rank {rank} with {marker!r} in its command line within {timeout} s")
+
+
 def hvdtrain_cli() -> str:
     """Path of the installed `hvdtrain` console script."""
     exe = BIN / "hvdtrain"
