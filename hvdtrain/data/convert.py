@@ -100,11 +100,13 @@ class Plan:
 
     @property
     def source(self) -> dict:
+        """The source tree, and per split its labels file, index digest and sample count."""
         return {"path": str(self.src), "splits": {s.name: {"labels_file": s.labels_file, "index": s.index.digest,
                                                            "samples": len(s.index)} for s in self.splits}}
 
     @property
     def tasks(self) -> list[ShardTask]:
+        """Every shard, split after split."""
         return [task for split in self.splits for task in split.shards]
 
 
