@@ -15,6 +15,12 @@ Your own model directory and CSV/TSV/JSONL file on a cluster::
         --model /models/bert-base-uncased --data train.csv --set text.val_path=dev.csv \\
         --text-column sentence --label-column label --max-length 128 --epochs 3 --output runs/sst2
 
+Parquet and Arrow as Hugging Face ``datasets`` stores text: ``--data`` a ``.parquet``/``.arrow``
+file, a glob (``'data/train-*.parquet'``), a folder of Parquet shards as on the Hub
+(``data/train-00000-of-00002.parquet``: its ``train`` split trains, its ``validation`` split
+validates), a ``save_to_disk`` folder or a ``DatasetDict`` folder (``recipes/bert_finetune/table_rows.py``);
+a ClassLabel label column gives its class names.
+
 Sentence pairs (MNLI, QQP) and large files: ``--text-pair-column hypothesis``; a file is tokenised
 once per host into a memory-mapped token cache (``text.cache_dir``) that every rank and later runs
 reuse; ``--set text.bad_rows=skip`` skips and counts rows with a missing text or label

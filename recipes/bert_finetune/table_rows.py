@@ -9,7 +9,7 @@ A path is a table when it is:
 * a ``DatasetDict`` ``save_to_disk`` folder (``dataset_dict.json`` and one such folder per split);
 * any other folder: the Parquet and Arrow files under it, grouped into splits by the Hugging Face
   Hub's naming (``data/train-00000-of-00002.parquet`` is split ``train``; ``default/test/0000.parquet``
-  split ``test``); a folder whose files form a single group is one table, whatever its name.
+  split ``test``; ``train.parquet``, ``NAME-test.arrow``: ``train``, ``test``); a folder whose files form a single group is one table, whatever its name.
 
 A folder of several splits is read one split at a time (:func:`split_names`, :func:`pick_split`).
 A label column that the ``huggingface`` schema metadata (or ``dataset_info.json``) declares a
@@ -35,13 +35,16 @@ VALIDATION_SPLITS = ("validation", "val", "valid", "dev", "test")
 BATCH_ROWS = 4096  # rows per record batch read: memory is bounded by a batch (and a Parquet page)
 STATE, INFO, DICT = "state.json", "dataset_info.json", "dataset_dict.json"
 SHARD_NAME = re.compile(r"^(?:.*-)?([A-Za-z][\w.]*?)-\d+-of-\d+$")  # [NAME-]SPLIT-00000-of-00002
+SPLIT_NAME = re.compile(r"(?:^|[-_.])(train|validation|valid|val|dev|test)$")  # train.parquet, NAME-test.arrow
 
 
 def is_table(path: str | Path) -> bool:
-    """Whether ``path`` names a table (a Parquet/Arrow file, a glob, or a folder) rather than a text file."""
-    text = str(path)
-    return (Path(path).suffix.lower() in SUFFIXES or any(c in text for c in GLOB_CHARACTERS)
-            or Path(path).is_dir())
+    """Whether ``path`` names a table (a Parquet/Arrow file, a folder, or a glob that is not the
+    name of an existing file) rather than a text file."""
+    path = Path(path)
+    if path.suffix.lower() in SUFFIXES or path.is_dir():
+        return True
+    return any(c in str(path) for c in GLOB_CHARACTERS) and not path.exists()
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ def _saved_dataset(folder: Path, source: str) -> Table:
 def _file_split(path: Path, root: Path) -> tuple[str, str | None]:
     """``(folder, split)`` of a Parquet/Arrow file under ``root`` by the Hub's naming, split None if none."""
     parent = path.parent.relative_to(root).as_posix()
-    match = SHARD_NAME.match(path.stem)
+    match = SHARD_NAME.match(path.stem) or SPLIT_NAME.search(path.stem)
     if match:
         return parent, match.group(1)
     return parent, (None if parent == "." else path.parent.name)

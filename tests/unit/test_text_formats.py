@@ -266,3 +266,28 @@ def test_reading_a_large_table_holds_one_batch_not_the_file(tmp_path, layout):
             peak = max(peak, pa.total_allocated_bytes() - start)
     assert count == 60_000 and label == "positive" and text == texts[-1]
     assert peak < size / 4, (peak, size)  # measured: 5 MiB of 26 (read whole: more than 26)
+
+
+def test_splits_are_read_from_the_hubs_file_names(tmp_path):
+    train, val = rows_of(TRAIN, 12), rows_of(VAL, 4)
+    flat = tmp_path / "flat"  # train.parquet, test.parquet
+    flat.mkdir()
+    dataset(train).to_parquet(flat / "train.parquet")
+    dataset(val).to_parquet(flat / "test.parquet")
+    nested = tmp_path / "nested"  # default/train/0000.parquet, the Hub's parquet conversion
+    for split, rows in (("train", train), ("validation", val)):
+        (nested / "default" / split).mkdir(parents=True)
+        dataset(rows).to_parquet(nested / "default" / split / "0000.parquet")
+    for folder, validation in ((flat, "test"), (nested, "validation")):
+        assert table_rows.pick_split(folder, "train", "data.path") == "train"
+        assert table_rows.pick_split(folder, "validation", "data.path") == validation
+        texts = text_data.read_labelled_file(folder, "sentence", "sentiment", split=validation).texts
+        assert texts == [r[0] for r in val]
+    shards = tmp_path / "shards"  # one group of shards, whatever its name: one table
+    shards.mkdir()
+    for k in range(2):
+        dataset(train).shard(2, k, contiguous=True).to_parquet(shards / f"part-{k:05d}-of-00002.parquet")
+    assert table_rows.split_names(shards) == []
+    assert text_data.read_labelled_file(shards, "sentence", "sentiment").labels == [r[2] for r in train]
+    bracketed = write_csv(tmp_path / "reviews[2024].csv", train)  # glob characters in a file's name: still a CSV
+    assert text_data.read_labelled_file(bracketed, "sentence", "sentiment").texts == [r[0] for r in train]
