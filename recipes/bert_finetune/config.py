@@ -24,8 +24,8 @@ class TextConfig:
                                   "text.val_fraction of data.path held out", resume="data")
     val_fraction: float = option(0.1, "seeded fraction of data.path held out for validation when text.val_path "
                                  "is not given", min=0.0, max=0.9, min_exclusive=True, resume="data")
-    text_pair_column: str | None = option(None, "CSV/TSV header, JSONL key or Parquet/Arrow column holding the second text of sentence-pair "
-                                          "tasks (MNLI, QQP); None: single texts")
+    text_pair_column: str | None = option(None, "CSV/TSV header, JSONL key or Parquet/Arrow column holding the "
+                                          "second text of sentence-pair tasks (MNLI, QQP); None: single texts")
     bad_rows: str = option("error", "a row with a missing or empty text or label, or a validation label the training data "
                            "does not have: 'skip' it (counted and reported) or stop with an 'error' naming its line",
                            choices=("skip", "error"))

@@ -9,7 +9,8 @@ A path is a table when it is:
 * a ``DatasetDict`` ``save_to_disk`` folder (``dataset_dict.json`` and one such folder per split);
 * any other folder: the Parquet and Arrow files under it, grouped into splits by the Hugging Face
   Hub's naming (``data/train-00000-of-00002.parquet`` is split ``train``; ``default/test/0000.parquet``
-  split ``test``; ``train.parquet``, ``NAME-test.arrow``: ``train``, ``test``); a folder whose files form a single group is one table, whatever its name.
+  split ``test``; ``train.parquet``, ``NAME-test.arrow``: ``train``, ``test``); a folder whose
+  files form a single group is one table, whatever its name.
 
 A folder of several splits is read one split at a time (:func:`split_names`, :func:`pick_split`).
 A label column that the ``huggingface`` schema metadata (or ``dataset_info.json``) declares a
@@ -137,7 +138,8 @@ def _folder_splits(folder: Path) -> dict[str, Table] | None:
         by_split.setdefault(split or "(none)", []).append((parent, files))
     if "(none)" in by_split:
         loose = [str(files[0]) for _, files in by_split["(none)"]]
-        raise TextDataError(f"{folder} holds Parquet/Arrow files of the splits {', '.join(sorted(set(by_split) - {'(none)'}))} "
+        named = ", ".join(sorted(set(by_split) - {"(none)"}))
+        raise TextDataError(f"{folder} holds Parquet/Arrow files of the splits {named} "
                          f"and files of no split ({', '.join(loose)}); point the path at one split's files "
                          f"with a glob (for example '{folder}/data/train-*.parquet')")
     for split, places in by_split.items():

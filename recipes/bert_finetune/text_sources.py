@@ -1,8 +1,9 @@
 """Where each rank's tokenised rows come from: the embedded split (tokenised in memory), or the
 training and validation files (or Parquet/Arrow tables; a folder of splits gives its ``train``
 split for training and its ``validation``, ``val``, ``valid``, ``dev`` or ``test`` split, if it has
-one and ``text.val_path`` is not given, for validation) through the token cache, built by one process per host (or by rank
-0 when ``text.cache_shared``) while the other ranks wait at a barrier, then memory-mapped by all.
+one and ``text.val_path`` is not given, for validation) through the token cache, built by one
+process per host (or by rank 0 when ``text.cache_shared``) while the other ranks wait at a
+barrier, then memory-mapped by all.
 
 Tokenizer threads: the one building process gets the cores it may use (the other local ranks
 are waiting, not computing); when every rank tokenises (``text.cache=false``, the embedded
@@ -54,7 +55,8 @@ def load_files(paths: list[Path], config, ctx, model_dir: Path, barrier: Callabl
     splits = splits or [None] * len(paths)
     if not text.cache:
         tokenizer, vocab_size = _tokenizer(model_dir, config, ctx.local_size)
-        return [token_cache.encode_file(path, text, tokenizer, vocab_size, split) for path, split in zip(paths, splits)]
+        return [token_cache.encode_file(path, text, tokenizer, vocab_size, split)
+                for path, split in zip(paths, splits)]
     for path in paths:
         if not table_rows.is_table(path) and not path.is_file():
             raise text_data.TextDataError(f"data file {path} does not exist")

@@ -16,9 +16,9 @@ out of the way with a warning and it is built again.
 ``KEY`` is a SHA-256 of: the file's absolute path, size, modification time (ns) and the SHA-256 of
 its first and last MiB (for a Parquet/Arrow table: its absolute path or glob, its split, and the
 name, size and modification time of every file it reads, JSON files of a ``save_to_disk`` folder
-included, so a changed, added or removed shard is a new entry); the SHA-256 of ``tokenizer.json``; ``max_length``; the text, pair and label
-columns; the ``tokenizers`` version and this format's version. Hashing the head and tail rather than
-the whole file keeps a cached start-up constant-time on files of many GB (a full hash of 10 GB takes
+included, so a changed, added or removed shard is a new entry); the SHA-256 of ``tokenizer.json``;
+``max_length``; the text, pair and label columns; the ``tokenizers`` version and this format's
+version. Hashing the head and tail rather than the whole file keeps a cached start-up constant-time on files of many GB (a full hash of 10 GB takes
 longer than the start-up target); size and ``mtime_ns`` change on any ordinary write, the head/tail
 hash catches a different file copied over with its timestamp preserved. Edit a file in place
 without changing its size or modification time and the cache cannot tell: delete the entry (or the
@@ -91,7 +91,8 @@ def key_record(path: str | Path, model_dir: str | Path, max_length: int, text_co
     """Everything the cached arrays depend on (``split``: the split of a table folder that holds several)."""
     import tokenizers
 
-    return {"format": FORMAT_VERSION, "file": file_identity(path, split), "tokenizer_sha256": tokenizer_digest(model_dir),
+    return {"format": FORMAT_VERSION, "file": file_identity(path, split),
+            "tokenizer_sha256": tokenizer_digest(model_dir),
             "tokenizers_version": tokenizers.__version__, "max_length": max_length, "text_column": text_column,
             "pair_column": pair_column, "label_column": label_column}
 
@@ -198,7 +199,8 @@ def encode_file(path: Path, text, tokenizer, vocab_size: int,
     bad = text_data.bad_rows_for(path, text.bad_rows, split)
     dtype = tokenized.ids_dtype(vocab_size)
     writer = _Writer(None, dtype)
-    vocab = tokenize_rows(_file_rows(path, text, bad, split), tokenizer, dtype, text.text_pair_column is not None, writer)
+    vocab = tokenize_rows(_file_rows(path, text, bad, split), tokenizer, dtype, text.text_pair_column is not None,
+                          writer)
     _no_rows(path, writer.rows, bad)
     return _arrays(writer.close(), vocab), bad
 

@@ -72,7 +72,8 @@ def hub_folder(root, train, val, shards=3):
     """A dataset laid out as the Hub stores it: data/train-0000K-of-0000N.parquet, data/validation-..."""
     (root / "data").mkdir(parents=True)
     for k in range(shards):
-        dataset(train).shard(shards, k, contiguous=True).to_parquet(root / f"data/train-{k:05d}-of-{shards:05d}.parquet")
+        part = dataset(train).shard(shards, k, contiguous=True)
+        part.to_parquet(root / f"data/train-{k:05d}-of-{shards:05d}.parquet")
     dataset(val).to_parquet(root / "data/validation-00000-of-00001.parquet")
     (root / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n")
     return root
@@ -195,7 +196,8 @@ def test_bad_rows_are_named_by_shard_and_row(tmp_path):
     assert bad.summary().startswith(f"{folder}: skipped 3 row(s): 1 no text in column 'sentence' (row 7)")
     assert bad.where(10) == f"{folder / 'train-00001-of-00002.parquet'} row 4 (from 0)"
     _, cached = load(tmp_path, folder, **{"text.bad_rows": "skip"})  # from the cache: counted the same
-    assert cached.counts == bad.counts and cached.where(7) == f"{folder / 'train-00001-of-00002.parquet'} row 1 (from 0)"
+    assert cached.counts == bad.counts
+    assert cached.where(7) == f"{folder / 'train-00001-of-00002.parquet'} row 1 (from 0)"
 
 
 @pytest.mark.parametrize("layout", ["parquet", "save_to_disk"])
