@@ -81,7 +81,9 @@ def test_empty_file_is_an_error(tmp_path, name, content):
 def test_missing_file_and_unknown_extension(tmp_path):
     with pytest.raises(TextDataError, match="does not exist"):
         text_data.read_labelled_file(tmp_path / "nope.csv", "text", "label")
-    with pytest.raises(TextDataError, match=r"unsupported file type '\.parquet'.*\.csv"):
+    with pytest.raises(TextDataError, match=r"unsupported file type '\.xlsx'.*\.csv"):
+        text_data.read_labelled_file(write(tmp_path / "d.xlsx", "x"), "text", "label")
+    with pytest.raises(TextDataError, match=r"d\.parquet is not a readable Parquet file"):
         text_data.read_labelled_file(write(tmp_path / "d.parquet", "x"), "text", "label")
 
 
