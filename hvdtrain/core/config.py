@@ -193,17 +193,25 @@ class CheckpointConfig:
 PREEMPT_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "XCPU")
 
 
+def _name_list(value: str | None, allowed: tuple[str, ...], key: str, what: str, spell) -> list[str]:
+    """A comma-separated list of names from ``allowed`` (each spelled by ``spell``), each once, in
+    the order given; ``none`` or empty: none. An unknown name is a :class:`ConfigError` naming
+    ``key`` and the allowed names."""
+    names = [spell(part.strip()) for part in (value or "").split(",") if part.strip()]
+    if names == [spell("none")]:
+        return []
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        raise ConfigError(f"{key}: {unknown[0]!r} is not {what}; choose from {', '.join(allowed)} "
+                          f"(comma-separated) or none")
+    return list(dict.fromkeys(names))
+
+
 def preempt_signal_names(value: str | None) -> list[str]:
     """``checkpoint.preempt_signals`` as signal names without ``SIG`` (``none`` or empty: none); an
     unknown name is a :class:`ConfigError` naming the allowed ones."""
-    names = [part.strip().upper().removeprefix("SIG") for part in (value or "").split(",") if part.strip()]
-    if names == ["NONE"]:
-        return []
-    unknown = [n for n in names if n not in PREEMPT_SIGNALS]
-    if unknown:
-        raise ConfigError(f"checkpoint.preempt_signals: {unknown[0]!r} is not a signal hvdtrain stops on; choose "
-                          f"from {', '.join(PREEMPT_SIGNALS)} (comma-separated) or none")
-    return list(dict.fromkeys(names))
+    return _name_list(value, PREEMPT_SIGNALS, "checkpoint.preempt_signals", "a signal hvdtrain stops on",
+                      lambda name: name.upper().removeprefix("SIG"))
 
 
 TRACKER_NAMES = ("tensorboard", "mlflow", "wandb")
@@ -212,14 +220,7 @@ TRACKER_NAMES = ("tensorboard", "mlflow", "wandb")
 def tracker_names(value: str | None) -> list[str]:
     """``log.trackers`` as the tracker names in the order given, each once (``none`` or empty: no
     tracker); an unknown name is a :class:`ConfigError` naming the allowed ones."""
-    names = [part.strip().lower() for part in (value or "").split(",") if part.strip()]
-    if names == ["none"]:
-        return []
-    unknown = [n for n in names if n not in TRACKER_NAMES]
-    if unknown:
-        raise ConfigError(f"log.trackers: {unknown[0]!r} is not a tracker; choose from "
-                          f"{', '.join(TRACKER_NAMES)} (comma-separated) or none")
-    return list(dict.fromkeys(names))
+    return _name_list(value, TRACKER_NAMES, "log.trackers", "a tracker", str.lower)
 
 
 @dataclass
