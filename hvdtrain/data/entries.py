@@ -14,6 +14,7 @@ the index their dataset was built from, even after the data changed and a new en
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
@@ -29,6 +30,13 @@ from hvdtrain.core.durable import atomic_write_text, fsync_path
 POINTER = "current.json"
 IN_USE = ".in-use"
 _HELD: dict[str, object] = {}  # entry folder -> open file holding its shared lock (for this process's life)
+
+
+@atexit.register
+def _release_held() -> None:
+    """Close the held locks at exit (the OS would drop them anyway; this keeps interpreters quiet)."""
+    while _HELD:
+        _HELD.popitem()[1].close()
 
 
 def cache_root() -> Path:
