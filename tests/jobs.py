@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,12 +35,31 @@ def run(cmd: list[str], timeout: float = 600, check: bool = True, cwd: Path | No
         env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.CompletedProcess:
     """Run a command (extra ``env`` variables on top of :func:`job_env`); on an unexpected exit
     code fail with its output."""
+    started, cpu = time.monotonic(), _children_cpu()
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
                           env={**job_env(), **(env or {})}, cwd=cwd or REPO, **popen_kwargs)
+    _log_job(cmd, time.monotonic() - started, _children_cpu() - cpu)
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(map(str, cmd))} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}"
                     f"\n--- stderr\n{proc.stderr[-6000:]}")
     return proc
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _log_job(cmd: list, wall: float, cpu: float) -> None:
+    """With ``HVDTRAIN_TEST_JOB_LOG=FILE``, one JSON line per command a test ran (the test, the
+    command, wall and CPU seconds of the command's process tree): where the suite's time goes
+    (``python tests/module_seconds.py --jobs FILE`` sums it per test)."""
+    log = os.environ.get("HVDTRAIN_TEST_JOB_LOG")
+    if log:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+        with open(log, "a") as f:
+            f.write(json.dumps({"test": test, "cmd": " ".join(map(str, cmd))[:300], "wall": round(wall, 2),
+                                "cpu": round(cpu, 2)}) + "\n")
 
 
 def horovodrun(args: list[str], np: int = 2, controller: str = "gloo", **kwargs) -> subprocess.CompletedProcess:

@@ -4,6 +4,12 @@
     python tests/module_seconds.py /tmp/suite.log
 
 Every ``--durations`` line (setup, call and teardown) is added to its module.
+
+    HVDTRAIN_TEST_JOB_LOG=/tmp/jobs.jsonl make test
+    python tests/module_seconds.py --jobs /tmp/jobs.jsonl
+
+prints instead, per test, the commands it ran (tests/jobs.py's ``run``), their wall and CPU seconds,
+largest CPU first: the jobs worth making smaller.
 """
 
 from __future__ import annotations
@@ -32,5 +38,24 @@ def main(log: str) -> None:
     print(f"{FILE}: {len(table)} modules, {sum(table.values()):.0f} s")
 
 
+def jobs(log: str, top: int = 40) -> None:
+    per_test: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for line in Path(log).read_text().splitlines():
+        job = json.loads(line)
+        row = per_test[job["test"]]
+        row[0] += 1
+        row[1] += job["wall"]
+        row[2] += job["cpu"]
+    ranked = sorted(per_test.items(), key=lambda kv: -kv[1][2])
+    print(f"{'cpu s':>8} {'wall s':>8} {'jobs':>4}  test")
+    for test, (count, wall, cpu) in ranked[:top]:
+        print(f"{cpu:8.1f} {wall:8.1f} {count:4d}  {test}")
+    print(f"{sum(r[2] for _, r in ranked):8.1f} {sum(r[1] for _, r in ranked):8.1f} "
+          f"{sum(r[0] for _, r in ranked):4d}  all {len(ranked)} tests")
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[1:2] == ["--jobs"]:
+        jobs(*sys.argv[2:])
+    else:
+        main(*sys.argv[1:])
