@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdtrain.data.entries import load_entry, slot_path
+from hvdtrain.data.errors import DataError  # noqa: F401  (raised here, imported from here by callers)
 from hvdtrain.data.reader import SampleReader
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -35,11 +36,6 @@ INDEX_VERSION = 2
 SAMPLE = 32  # image headers read per split, spread evenly over the index
 SINGLE_CHANNEL = ("1", "L", "LA", "La", "I", "F", "I;16", "I;16B", "I;16L", "I;16N")
 ARRAYS = ("blob", "offsets", "labels", "where")
-
-
-class DataError(ValueError):
-    """The data directory is missing, empty, or inconsistent, or an image cannot be decoded; the
-    message names the file or folder."""
 
 
 @dataclass

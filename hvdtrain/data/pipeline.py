@@ -48,6 +48,7 @@ class ImageSource:
     train: bool
     bad_files: str
     count: int
+    spool: str | None = None
     _arrays: Any = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -63,7 +64,8 @@ class ImageSource:
             meta = json.loads((entry / "meta.json").read_text())
             arrays = map_arrays(entry, ("blob", "offsets", "where"))
             self._arrays = SampleReader(self.root, meta.get("kind", "file"), list(meta.get("shards", [])),
-                                        arrays["blob"], arrays["offsets"], arrays.get("where"), meta.get("column"))
+                                        arrays["blob"], arrays["offsets"], arrays.get("where"), meta.get("column"),
+                                        self.spool)
         return self._arrays
 
     def _row(self, sample: int) -> int:
@@ -119,18 +121,21 @@ class ImageDataset:
 
     ``rows`` selects a subset of the index (``data.max_train_samples``); ``pool`` None decodes in
     this process; ``grayscale`` (None: the index's sample decides) is the colour mode every image
-    is converted to: give the validation split the training split's.
+    is converted to: give the validation split the training split's. ``stream`` (a
+    :class:`~hvdtrain.data.stream.Stream` over the same rows): streaming mode, where the batch at
+    the loop's indices holds the stream plan's samples at those positions.
     """
 
     def __init__(self, index: ImageIndex, policy: TransformPolicy, *, train: bool, seed: int,
                  bad_files: str = "error", rows: np.ndarray | None = None, pool: Any = None, name: str = "train",
-                 grayscale: bool | None = None):
+                 grayscale: bool | None = None, stream: Any = None):
         self.index, self.policy, self.train, self.name = index, policy, train, name
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         self.grayscale = index.grayscale if grayscale is None else bool(grayscale)
         count = len(self.rows) if self.rows is not None else len(index)
+        self.stream = stream
         self.source = ImageSource(str(index.root), str(index.cache_dir), self.rows, policy, self.grayscale, seed,
-                                  train, bad_files, count)
+                                  train, bad_files, count, stream.folder if stream is not None else None)
         self.pool = pool
         self.source_id = pool.add_source(self.source) if pool is not None else None
         self._count = count
@@ -161,7 +166,9 @@ class ImageDataset:
         """SHA-256 of what this dataset yields: the index's content, the rows taken, the transform
         and colour mode (equal on every rank that sees the same tree with the same settings)."""
         digest = hashlib.sha256(json.dumps([self.index.digest, self.policy.__dict__, self.grayscale, self.train,
-                                            self.source.seed, self._count], sort_keys=True, default=str).encode())
+                                            self.source.seed, self._count,
+                                            *([self.stream.plan.lanes] if self.stream is not None else [])],
+                                           sort_keys=True, default=str).encode())
         if self.rows is not None:
             digest.update(self.rows.tobytes())
         return digest.hexdigest()
@@ -174,6 +181,8 @@ class ImageDataset:
     def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """uint8 ``(n, size, size, channels)`` images and int64 labels of samples ``indices``."""
         indices = np.asarray(indices, dtype=np.int64)
+        if self.stream is not None:
+            indices = self.stream.samples(indices, epoch)
         if epoch != self._epoch:
             self.report()
             self._epoch = epoch

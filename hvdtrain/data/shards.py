@@ -19,18 +19,26 @@ Class names found without a list: integer labels give ``"0" .. str(max)`` (a lab
 index), names are sorted. The validation split is given the training split's classes. The index
 is cached per host like an ImageFolder's (:mod:`hvdtrain.data.entries`), keyed by every shard's
 path, size and modification time.
+
+Remote shards (URLs, :mod:`hvdtrain.data.remote`) are indexed the same way: a tar or Arrow file is
+copied once to a temporary local file, scanned there and deleted (reading tar headers one range
+request each would cost a request per member); a Parquet file's footer and label column are read
+by range requests. The cache key holds each URL's size and ETag (or Last-Modified).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tarfile
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from hvdtrain.data import remote
 from hvdtrain.data.entries import load_entry, slot_path
 from hvdtrain.data.index import ARRAYS, DataError, ImageIndex, index_of, key_arrays, sample_headers
 from hvdtrain.data.reader import SampleReader
@@ -201,20 +209,43 @@ def scan_tar(path: Path, shard: int, scan: Scan) -> None:
     scan.add(shard, keys, labels, a, b)
 
 
-def manifest_classes(shards: list[Path]) -> list[str] | None:
+def manifest_classes(shards: list) -> list[str] | None:
     """``classes`` of a ``manifest.json`` beside the first shard or in its parent folder."""
-    for folder in (shards[0].parent, shards[0].parent.parent):
-        manifest = folder / "manifest.json"
-        if manifest.is_file():
-            try:
-                classes = json.loads(manifest.read_text()).get("classes")
-            except (OSError, ValueError, AttributeError) as exc:
-                raise DataError(f"manifest {manifest} is not a JSON object: {exc}") from None
-            if classes is not None:
-                if not isinstance(classes, list) or not classes:
-                    raise DataError(f"manifest {manifest}: 'classes' must be a non-empty list of class names")
-                return [str(c) for c in classes]
+    first = str(shards[0])
+    if remote.is_url(first):
+        folder = first.rsplit("/", 1)[0]
+        places = [folder + "/manifest.json", folder.rsplit("/", 1)[0] + "/manifest.json"]
+    else:
+        places = [Path(first).parent / "manifest.json", Path(first).parent.parent / "manifest.json"]
+    for manifest in places:
+        text = _manifest_text(manifest)
+        if text is None:
+            continue
+        try:
+            classes = json.loads(text).get("classes")
+        except (ValueError, AttributeError) as exc:
+            raise DataError(f"manifest {manifest} is not a JSON object: {exc}") from None
+        if classes is not None:
+            if not isinstance(classes, list) or not classes:
+                raise DataError(f"manifest {manifest}: 'classes' must be a non-empty list of class names")
+            return [str(c) for c in classes]
     return None
+
+
+def _manifest_text(manifest) -> str | None:
+    """A manifest's text, or None if there is none."""
+    if isinstance(manifest, Path):
+        if not manifest.is_file():
+            return None
+        try:
+            return manifest.read_text()
+        except OSError as exc:
+            raise DataError(f"manifest {manifest} cannot be read: {exc}") from None
+    try:
+        size, _ = remote.stat(manifest)
+    except DataError:
+        return None  # not found
+    return remote.read_range(manifest, 0, size).decode("utf-8", "replace")
 
 
 # --- Parquet and Arrow -----------------------------------------------------------------------------
@@ -294,7 +325,11 @@ def scan_parquet(path: Path, shard: int, scan: Scan, image_column: str | None, l
     import pyarrow.parquet as pq
 
     try:
-        file = pq.ParquetFile(path)
+        file = pq.ParquetFile(remote.open_file(str(path)) if remote.is_url(path) else path)
+    except remote.RemoteError:
+        raise
+    except DataError:
+        raise
     except Exception as exc:  # noqa: BLE001  (pyarrow raises ArrowInvalid/OSError for a bad file)
         raise DataError(f"shard {path} is not a readable Parquet file: {exc}") from None
     image_column, label_column = _columns(scan, file.schema_arrow, path, image_column, label_column)
@@ -385,28 +420,53 @@ def assign_labels(scan: Scan, classes: list[str] | None, shards: list[Path]) -> 
     return list(classes), labels
 
 
-def _fingerprint(fmt: str, shards: list[Path], options: list) -> str:
+def _fingerprint(fmt: str, shards: list, options: list) -> str:
     parts = [str(SHARD_INDEX_VERSION), fmt, json.dumps(options)]
     for shard in shards:
+        if remote.is_url(shard):
+            size, version = remote.stat(shard)
+            parts.append(f"{shard}:{size}:{version}")
+            continue
         stat = shard.stat()
         parts.append(f"{shard.resolve()}:{stat.st_size}:{stat.st_mtime_ns}")
-    for folder in {shards[0].parent, shards[0].parent.parent}:
-        manifest = folder / "manifest.json"
-        if manifest.is_file():
-            parts.append(f"{manifest.resolve()}:{manifest.stat().st_mtime_ns}")
+    if not remote.is_url(shards[0]):
+        for folder in {shards[0].parent, shards[0].parent.parent}:
+            manifest = folder / "manifest.json"
+            if manifest.is_file():
+                parts.append(f"{manifest.resolve()}:{manifest.stat().st_mtime_ns}")
     return hashlib.sha1("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _build(fmt: str, shards: list[Path], root: Path, classes: list[str] | None, image_column: str | None,
+@contextlib.contextmanager
+def _scannable(shard, fmt: str, scratch: str):
+    """A local path of ``shard`` to scan: the shard itself, or for a remote tar or Arrow file a
+    temporary copy (deleted afterwards; errors name the URL). Remote Parquet is read in place."""
+    if not remote.is_url(shard) or fmt == "parquet":
+        yield shard
+        return
+    copy = os.path.join(scratch, os.path.basename(shard.rstrip("/")) or "shard")
+    remote.fetch(shard, copy)
+    try:
+        yield Path(copy)
+    except DataError as exc:
+        raise DataError(str(exc).replace(copy, shard)) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(copy)
+
+
+def _build(fmt: str, shards: list, root, classes: list[str] | None, image_column: str | None,
            label_column: str | None) -> tuple[dict, dict]:
     scan = Scan()
-    for i, shard in enumerate(shards):
-        if fmt == "webdataset":
-            scan_tar(shard, i, scan)
-        elif fmt == "parquet":
-            scan_parquet(shard, i, scan, image_column, label_column)
-        else:
-            scan_arrow(shard, i, scan, image_column, label_column)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-scan-") as scratch:
+        for i, shard in enumerate(shards):
+            with _scannable(shard, fmt, scratch) as path:
+                if fmt == "webdataset":
+                    scan_tar(path, i, scan)
+                elif fmt == "parquet":
+                    scan_parquet(path, i, scan, image_column, label_column)
+                else:
+                    scan_arrow(path, i, scan, image_column, label_column)
     if not scan.keys:
         raise DataError(f"the {fmt} shards {shards[0]} ... hold no samples")
     declared = manifest_classes(shards) if fmt == "webdataset" else scan.names
@@ -418,7 +478,7 @@ def _build(fmt: str, shards: list[Path], root: Path, classes: list[str] | None, 
     blob, offsets = key_arrays(scan.keys)
     where = scan.where()
     kind = "row" if fmt == "parquet" else "span"
-    relative = [os.path.relpath(s, root) for s in shards]
+    relative = [remote.relative(str(root), str(s)) for s in shards]
     reader = SampleReader(str(root), kind, relative, blob, offsets, where, scan.column)
     sample = sample_headers(reader, len(labels), f"{shards[0]} ...")
     meta = {"version": SHARD_INDEX_VERSION, "root": str(root), "classes": found, "kind": kind, "format": fmt,
@@ -434,17 +494,22 @@ def load_shard_index(shards: list[str | Path], fmt: str, *, classes: list[str] |
     training split's) fixes the label numbers of a validation split."""
     if fmt not in FORMATS:
         raise DataError(f"unknown shard format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    shards = [Path(s).absolute() for s in shards]
     if not shards:
         raise DataError(f"no {fmt} shards given")
-    missing = [s for s in shards if not s.is_file()]
-    if missing:
-        raise DataError(f"shard {missing[0]} does not exist ({len(missing)} of {len(shards)} missing)")
-    root = Path(os.path.commonpath([s.parent for s in shards]))
+    if any(remote.is_url(s) for s in shards):
+        shards = [str(s) for s in shards]
+        root = remote.common_root(shards)
+    else:
+        shards = [Path(remote.local_path(str(s))).absolute() for s in shards]
+        missing = [s for s in shards if not s.is_file()]
+        if missing:
+            raise DataError(f"shard {missing[0]} does not exist ({len(missing)} of {len(shards)} missing)")
+        root = Path(os.path.commonpath([s.parent for s in shards]))
     options = [classes, image_column, label_column]
     key = _fingerprint(fmt, shards, options)
     identity = "\n".join([fmt, *map(str, shards), json.dumps(options)]).encode("utf-8", "surrogateescape")
-    label = f"{fmt}-{shards[0].stem}".encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    stem = Path(str(shards[0]).rsplit("/", 1)[-1]).stem
+    label = f"{fmt}-{stem}".encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     slot = slot_path(cache, identity, label)
     entry, meta, arrays, built = load_entry(slot, key, ARRAYS,
                                             lambda: _build(fmt, shards, root, classes, image_column, label_column))

@@ -1,0 +1,210 @@
+"""Shards named by URL (``https://host/train-{000000..000009}.tar``, ``s3://...``) read through fsspec.
+
+A *location* is a local path or a URL; :func:`is_url` tells them apart (``file://`` counts as
+local). Remote files are reached through ``fsspec`` (its HTTP backend needs ``aiohttp``; ``s3://``
+and others need the user's fsspec backend, such as ``s3fs``), one filesystem object per process
+and protocol. What this module offers is the little the shard code needs: expand a pattern into
+URLs (:func:`expand`: braces always, globs where the backend can list), a file's size and version
+tag for the index's cache key (:func:`stat`), a byte range (:func:`read_range`: one range request),
+a seekable file for Parquet (:func:`open_file`) and a whole-file copy to a local path
+(:func:`fetch`: written to ``PATH.part``, checked against the size, renamed into place).
+Errors name the URL.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+import time
+
+from hvdtrain.data import braces
+from hvdtrain.data.errors import DataError
+
+FETCH_CHUNK = 4 << 20
+ATTEMPTS = 3  # a read or download that fails is tried this often (1 s, 2 s apart) before it is an error
+_FILESYSTEMS: dict[str, object] = {}
+_LOCK = threading.Lock()
+
+
+class RemoteError(RuntimeError):
+    """A remote read failed (after :data:`ATTEMPTS` tries): never taken for an undecodable image."""
+
+
+def is_url(location: str | os.PathLike) -> bool:
+    """True for ``scheme://...`` other than ``file://`` (a local path otherwise)."""
+    text = os.fspath(location)
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.isidentifier() and scheme.lower() not in ("file", "local")
+
+
+def local_path(location: str) -> str:
+    """A local location without its ``file://`` prefix."""
+    return location[len("file://"):] if location.startswith("file://") else location
+
+
+def filesystem(url: str):
+    """This process's fsspec filesystem for ``url``'s protocol (created once)."""
+    protocol = url.partition("://")[0].lower()
+    with _LOCK:
+        fs = _FILESYSTEMS.get(protocol)
+        if fs is None:
+            try:
+                import fsspec
+            except ImportError:
+                raise DataError(f"{url}: remote shards need fsspec (and aiohttp for http/https): "
+                                f"pip install 'hvdtrain[data]'") from None
+            try:
+                fs = fsspec.filesystem(protocol)
+            except (ImportError, ValueError) as exc:
+                raise DataError(f"{url}: no fsspec backend for {protocol}:// ({exc})") from None
+            _FILESYSTEMS[protocol] = fs
+        return fs
+
+
+def _error(url: str, exc: BaseException, doing: str) -> Exception:
+    if isinstance(exc, FileNotFoundError):
+        return DataError(f"shard {url} does not exist (the server answered not found while {doing})")
+    return RemoteError(f"shard {url}: {doing} failed: {type(exc).__name__}: {exc}")
+
+
+def _retried(url: str, doing: str, call):
+    """``call()``, tried :data:`ATTEMPTS` times (not found is not retried)."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return call()
+        except (FileNotFoundError, DataError, InterruptedError):
+            raise
+        except Exception as exc:  # noqa: BLE001  (aiohttp/botocore errors have no common base)
+            if attempt == ATTEMPTS - 1:
+                raise _error(url, exc, doing) from None
+            time.sleep(2 ** attempt)
+
+
+def join(root: str, relative: str) -> str:
+    """``relative`` under ``root`` (a URL or a local folder)."""
+    if is_url(root):
+        return root.rstrip("/") + "/" + relative
+    return os.path.join(root, relative)
+
+
+def common_root(locations: list[str]) -> str:
+    """The deepest folder (URL or local) holding every location."""
+    if all(is_url(x) for x in locations):
+        folders = [posixpath.dirname(x) for x in locations]
+        root = posixpath.commonpath([f.partition("://")[2] for f in folders])
+        scheme = {f.partition("://")[0] for f in folders}
+        if len(scheme) != 1 or not root:
+            raise DataError(f"shards {locations[0]} ... are not on one server; give one split's shards "
+                            f"from one place")
+        return f"{scheme.pop()}://{root}"
+    if any(is_url(x) for x in locations):
+        raise DataError(f"shards mix URLs and local files ({locations[0]} ...); give one kind")
+    return os.path.commonpath([os.path.dirname(os.path.abspath(x)) for x in locations])
+
+
+def relative(root: str, location: str) -> str:
+    """``location`` relative to :func:`common_root`'s ``root``."""
+    if is_url(root):
+        return location[len(root.rstrip("/")) + 1:]
+    return os.path.relpath(location, root)
+
+
+def expand(pattern: str, extensions: tuple[str, ...] = ()) -> list[str]:
+    """The URLs ``pattern`` names: braces expanded; a glob (``*``, ``?``, ``[``) listed where the
+    backend can list (plain HTTP servers mostly cannot: use a brace pattern there); a folder URL
+    (ending in ``/``) gives its files ending in ``extensions``."""
+    urls: list[str] = []
+    for name in braces.expand(pattern):
+        if name.endswith("/") or any(c in name.partition("://")[2] for c in braces.GLOB_CHARS):
+            fs = filesystem(name)
+            try:
+                if name.endswith("/"):
+                    found = sorted(p for p in fs.ls(name, detail=False) if p.lower().endswith(extensions))
+                else:
+                    found = sorted(fs.glob(name))
+            except (OSError, ValueError) as exc:
+                raise _error(name, exc, "listing") from None
+            if not found:
+                raise DataError(f"{name} (from {pattern}) lists no files{' ending in ' + ', '.join(extensions) if extensions else ''}; "
+                                f"a plain HTTP server cannot be listed: name the shards with a brace pattern "
+                                f"such as train-{{000000..000099}}.tar")
+            protocol = name.partition("://")[0]
+            urls += [p if "://" in p else f"{protocol}://{p}" for p in found]
+        else:
+            urls.append(name)
+    return urls
+
+
+def stat(url: str) -> tuple[int, str]:
+    """``(size, version)`` of a remote file: the version is its ETag or modification time (what
+    the server says), so a changed file changes the index's cache key."""
+    try:
+        info = _retried(url, "asking its size", lambda: filesystem(url).info(url))
+    except FileNotFoundError as exc:
+        raise _error(url, exc, "asking its size") from None
+    size = info.get("size")
+    if size is None:
+        raise DataError(f"shard {url}: the server does not say its size (no Content-Length); random access and "
+                        f"streaming need it")
+    version = next((str(info[k]) for k in ("ETag", "etag", "Last-Modified", "LastModified", "mtime", "last_modified")
+                    if info.get(k) is not None), "")
+    return int(size), version
+
+
+def read_range(url: str, offset: int, length: int) -> bytes:
+    """Bytes ``[offset, offset + length)`` of ``url`` (one range request)."""
+    doing = f"reading bytes {offset:,}-{offset + length:,}"
+    try:
+        return _retried(url, doing, lambda: filesystem(url).cat_file(url, start=offset, end=offset + length))
+    except FileNotFoundError as exc:
+        raise _error(url, exc, doing) from None
+
+
+def open_file(url: str):
+    """A seekable binary file of ``url`` (range requests as it is read; for Parquet footers and row groups)."""
+    try:
+        return _retried(url, "opening", lambda: filesystem(url).open(url, "rb", block_size=FETCH_CHUNK))
+    except FileNotFoundError as exc:
+        raise _error(url, exc, "opening") from None
+
+
+def fetch(url: str, dest: str, size: int | None = None, stop: threading.Event | None = None) -> int:
+    """Copy ``url`` whole to ``dest`` (through ``dest.part``, renamed when complete and of the
+    expected ``size``); returns the bytes written. ``stop`` set: give up (InterruptedError, the
+    part file removed)."""
+    part = dest + ".part"
+
+    def copy() -> int:
+        written = 0
+        with filesystem(url).open(url, "rb", block_size=0) as src, open(part, "wb") as out:  # one streamed GET
+            while True:
+                if stop is not None and stop.is_set():
+                    raise InterruptedError(f"download of {url} stopped")
+                chunk = src.read(FETCH_CHUNK)
+                if not chunk:
+                    return written
+                out.write(chunk)
+                written += len(chunk)
+
+    try:
+        written = _retried(url, "downloading", copy)
+    except FileNotFoundError as exc:
+        _remove(part)
+        raise _error(url, exc, "downloading") from None
+    except BaseException:
+        _remove(part)
+        raise
+    if size is not None and written != size:
+        _remove(part)
+        raise DataError(f"shard {url}: downloaded {written:,} bytes, the index recorded {size:,} (the file changed "
+                        f"on the server or the transfer was cut short)")
+    os.replace(part, dest)
+    return written
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
