@@ -1,7 +1,9 @@
 """How this process was started, and what Horovod needs to run without a launcher.
 
 Under ``horovodrun`` (Gloo or MPI) or ``mpirun`` the launcher sets rank variables and Horovod
-picks its controller itself. A process started alone has none; Horovod built with MPI would then
+picks its controller itself. A task of a Slurm step (``srun hvdtrain ...``) has only Slurm's:
+:mod:`hvdtrain.core.slurm` forms the Gloo job from them (task 0 runs the rendezvous). A process
+started alone has none; Horovod built with MPI would then
 try an MPI singleton start, which a relocated Open MPI (such as PyPI's) cannot do. A lone
 process therefore runs on Horovod's Gloo controller, which needs no rendezvous for one rank.
 
@@ -15,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hvdtrain.core import slurm
 from hvdtrain.core.comm import horovod_comm_variables
 from hvdtrain.tools.hosts import check_gloo_hostname
 
@@ -37,12 +40,19 @@ def under_launcher(environ: dict[str, str] | None = None) -> bool:
 def prepare_horovod_environment(config: Any = None) -> dict[str, str]:
     """Call before ``hvd.init()`` (Horovod reads these variables only then).
 
+    A task of a Slurm step becomes a Gloo worker of the step's job
+    (:func:`hvdtrain.core.slurm.prepare_slurm_step`); a process that Slurm's batch script started
+    by itself in a job of several tasks is refused (:func:`hvdtrain.core.slurm.check_batch_process`).
     A process started alone uses Gloo as a single rank. With a
     :class:`~hvdtrain.core.config.RunConfig`, its ``comm`` section is exported as Horovod's
     variables (the timeline's and autotune log's folders are created). Returns what was set.
     """
+    step = slurm.slurm_step()
+    if step is not None:
+        slurm.prepare_slurm_step(step)
+    slurm.check_batch_process()
     check_gloo_hostname()  # a Gloo job across hosts needs each host's name to resolve off loopback
-    if not under_launcher():
+    if not under_launcher() or slurm.lone_slurm_process():
         os.environ.setdefault("HOROVOD_CONTROLLER", "gloo")
         os.environ.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
     env = horovod_comm_variables(config.comm) if config is not None and hasattr(config, "comm") else {}

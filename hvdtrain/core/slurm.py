@@ -1,0 +1,383 @@
+"""A Slurm job step (``srun hvdtrain ...``, one task per rank) formed into a Horovod job over Gloo.
+
+Horovod has no Slurm support of its own, and an MPI without Slurm's PMI cannot start its ranks
+from ``srun``. Every task of a step knows enough from Slurm's variables to join a Gloo job
+instead: its rank (``SLURM_PROCID``), the step's size (``SLURM_STEP_NUM_TASKS``, else
+``SLURM_NTASKS``), its rank on its node (``SLURM_LOCALID``), the nodes (``SLURM_STEP_NODELIST``,
+else ``SLURM_JOB_NODELIST``) and the tasks on each (``SLURM_STEP_TASKS_PER_NODE``, e.g.
+``2(x3),1``). :func:`prepare_slurm_step` sets the variables ``horovodrun --gloo`` would give
+the worker (``HOROVOD_RANK``/``SIZE``/``LOCAL_RANK``/``LOCAL_SIZE``/``CROSS_RANK``/
+``CROSS_SIZE``, ``HOROVOD_HOSTNAME``, ``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``PORT``,
+``HOROVOD_CONTROLLER=gloo``, ``HOROVOD_CPU_OPERATIONS=gloo``, ``HOROVOD_GLOO_IFACE``), and task 0
+starts Horovod's own rendezvous server (``horovod.runner.http.http_server``, the one
+``horovodrun`` runs) in a thread, on the step's first node, where task 0 runs.
+
+The port is derived from the job and step ids, in 20000-29999 (:func:`rendezvous_port`), so
+every task computes the same one without talking; ``HVDTRAIN_SLURM_RENDEZVOUS_PORT`` overrides
+it. Task 0 stores ``JOBID.STEPID`` on its server and the other tasks check it before they join:
+a server of another job on the same port is named, never joined.
+
+A step is recognised only when ``SLURM_PROCID`` and a step id are set and no other launcher has
+set its variables (``horovodrun`` and ``mpirun`` inside an allocation, ``srun --mpi=pmix`` with
+an MPI that uses Slurm's PMI keep their own). The batch script itself (no step id) is no step: a
+process started there alone in a job of several tasks is the singleton trap, named by
+:func:`check_batch_process`. This module imports neither a framework nor Horovod (the server's
+classes are imported when task 0 starts it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from hvdtrain.core.errors import TrainingError
+
+PORT_BASE, PORT_SPAN = 20000, 10000  # the rendezvous port: PORT_BASE + (job * 16 + step % 16) % PORT_SPAN
+PORT_VARIABLE = "HVDTRAIN_SLURM_RENDEZVOUS_PORT"
+TIMEOUT_VARIABLE = "HVDTRAIN_SLURM_RENDEZVOUS_TIMEOUT"  # seconds a task waits for task 0's server (default 300)
+OTHER_LAUNCHERS = (  # variables of launchers that set up the job themselves
+    "HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_ADDR",  # horovodrun (Gloo)
+    "OMPI_COMM_WORLD_RANK",  # Open MPI's mpirun / horovodrun --mpi
+    "PMI_RANK", "PMIX_RANK",  # MPICH, Intel MPI, srun --mpi=pmi2/pmix
+)
+SCOPE, KEY = "hvdtrain-slurm", "step"  # where task 0's server says whose it is
+
+
+class SlurmError(TrainingError):
+    """A Slurm step cannot become a Horovod job; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class SlurmStep:
+    """One task of a Slurm job step, and the step's layout."""
+
+    job_id: int
+    step_id: int
+    rank: int
+    size: int
+    local_rank: int
+    node: str  # this task's node
+    nodes: list[str] = field(default_factory=list)  # the step's nodes, in Slurm's order
+    tasks_per_node: list[int] = field(default_factory=list)  # tasks on each of ``nodes``
+
+    @property
+    def node_index(self) -> int:
+        return self.nodes.index(self.node)
+
+    @property
+    def local_size(self) -> int:
+        return self.tasks_per_node[self.node_index]
+
+    @property
+    def cross_size(self) -> int:
+        """Nodes with a task of this local rank (Horovod's cross communicator)."""
+        return sum(1 for n in self.tasks_per_node if n > self.local_rank)
+
+    @property
+    def cross_rank(self) -> int:
+        """This node's place among the nodes with a task of this local rank."""
+        return sum(1 for n in self.tasks_per_node[:self.node_index] if n > self.local_rank)
+
+    @property
+    def port(self) -> int:
+        return rendezvous_port(self.job_id, self.step_id)
+
+    @property
+    def tag(self) -> str:
+        return f"{self.job_id}.{self.step_id}"
+
+
+# -- Slurm's list syntaxes ----------------------------------------------------------------------
+
+def _expand_brackets(item: str) -> list[str]:
+    """``"gpu[01-02]-ib[1,3]"`` -> every name it stands for, left bracket first."""
+    match = re.search(r"\[([^\[\]]*)\]", item)
+    if match is None:
+        if "[" in item or "]" in item:
+            raise ValueError(f"Slurm node list: unbalanced brackets in {item!r}")
+        return [item]
+    names = []
+    for part in match.group(1).split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"Slurm node list: {part!r} in {item!r} is not N or N-M")
+        width = len(low)
+        for number in range(int(low), int(high if dash else low) + 1):
+            names.append(f"{item[:match.start()]}{number:0{width}d}{item[match.end():]}")
+    return [name for prefix in names for name in _expand_brackets(prefix)]
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list (``n[1-3,5],m2``, ``gpu[01-02]-ib``) -> host names, in order."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [name for item in items if item.strip() for name in _expand_brackets(item.strip())]
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """The host names of a Slurm node list: ``scontrol show hostnames`` where Slurm's client is
+    installed (it knows every syntax Slurm accepts), else :func:`expand_hostlist`."""
+    scontrol = shutil.which("scontrol")
+    if scontrol:
+        try:
+            proc = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True,
+                                  timeout=30)
+            if proc.returncode == 0 and proc.stdout.split():
+                return proc.stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return expand_hostlist(nodelist)
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE``'s ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
+    counts = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if match is None:
+            raise ValueError(f"Slurm tasks per node: {part!r} in {text!r} is not N or N(xM)")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def rendezvous_port(job_id: int, step_id: int, environ: Mapping[str, str] | None = None) -> int:
+    """Task 0's rendezvous port: ``HVDTRAIN_SLURM_RENDEZVOUS_PORT`` if set, else
+    ``20000 + (job_id * 16 + step_id % 16) % 10000`` (every task computes the same)."""
+    env = os.environ if environ is None else environ
+    if env.get(PORT_VARIABLE):
+        value = env[PORT_VARIABLE]
+        if not value.isdigit() or not 1024 <= int(value) <= 65535:
+            raise SlurmError(f"{PORT_VARIABLE}={value!r} is not a port number in 1024-65535")
+        return int(value)
+    return PORT_BASE + (job_id * 16 + step_id % 16) % PORT_SPAN
+
+
+# -- recognising a step -------------------------------------------------------------------------
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    value = env.get(name, "")
+    if not value.strip().isdigit():
+        raise SlurmError(f"Slurm variable {name}={value!r} is not a number (this process looks like a task of a "
+                         f"Slurm step: SLURM_PROCID and SLURM_STEP_ID are set)")
+    return int(value)
+
+
+def _step_id(env: Mapping[str, str]) -> str | None:
+    return env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+
+
+def slurm_step(environ: Mapping[str, str] | None = None) -> SlurmStep | None:
+    """This task's :class:`SlurmStep` when ``srun`` started it and no other launcher set up the
+    job (``horovodrun``, ``mpirun``, a PMI-using MPI); else None."""
+    env = os.environ if environ is None else environ
+    step = _step_id(env)
+    if "SLURM_PROCID" not in env or step is None or any(name in env for name in OTHER_LAUNCHERS):
+        return None
+    if not step.isdigit():  # "batch"/"extern" steps, or Slurm's named special steps
+        return None
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise SlurmError("a Slurm step without a node list: neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set")
+    nodes = hostnames(nodelist)
+    size = _int(env, "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS")
+    per_node_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    per_node = expand_tasks_per_node(per_node_text) if per_node_text else []
+    if len(per_node) != len(nodes) or sum(per_node) != size:
+        if size % len(nodes):
+            raise SlurmError(f"Slurm step of {size} task(s) on {len(nodes)} node(s) ({nodelist}) without a usable "
+                             f"SLURM_STEP_TASKS_PER_NODE ({per_node_text!r})")
+        per_node = [size // len(nodes)] * len(nodes)
+    node = env.get("SLURMD_NODENAME") or ""
+    if node not in nodes:
+        index = _int(env, "SLURM_NODEID")
+        if index >= len(nodes):
+            raise SlurmError(f"SLURM_NODEID={index} but the step has {len(nodes)} node(s) ({nodelist})")
+        node = nodes[index]
+    result = SlurmStep(job_id=_int(env, "SLURM_JOB_ID" if "SLURM_JOB_ID" in env else "SLURM_JOBID"),
+                       step_id=int(step), rank=_int(env, "SLURM_PROCID"), size=size,
+                       local_rank=_int(env, "SLURM_LOCALID"), node=node, nodes=nodes, tasks_per_node=per_node)
+    if not 0 <= result.rank < size or not 0 <= result.local_rank < result.local_size:
+        raise SlurmError(f"Slurm task {result.rank} (local {result.local_rank}) does not fit a step of {size} "
+                         f"task(s) with {result.local_size} on {node}")
+    return result
+
+
+def check_batch_process(environ: Mapping[str, str] | None = None) -> None:
+    """The singleton trap: a process started by the batch script itself (no ``srun``, no other
+    launcher) in a job of several tasks would train alone while the job paid for several ranks."""
+    env = os.environ if environ is None else environ
+    if "SLURM_PROCID" not in env or _step_id(env) is not None or any(n in env for n in OTHER_LAUNCHERS):
+        return
+    tasks = env.get("SLURM_NTASKS", "1")
+    if tasks.isdigit() and int(tasks) > 1:
+        raise SlurmError(f"this process runs in the batch script of Slurm job {env.get('SLURM_JOB_ID', '?')} "
+                         f"(SLURM_NTASKS={tasks}) but no launcher started it, so it would train alone as 1 rank: "
+                         f"start it with `srun hvdtrain ...` (one task per rank), or `horovodrun -np $SLURM_NTASKS "
+                         f"-H $(hvdtrain slurm-hosts) hvdtrain ...`")
+
+
+def check_world_size(size: int, environ: Mapping[str, str] | None = None) -> None:
+    """After ``hvd.init()``: Slurm started several tasks but Horovod's world has 1 rank (each
+    task an MPI singleton: ``srun --mpi=...`` with an MPI that does not use Slurm's PMI)."""
+    env = os.environ if environ is None else environ
+    if "SLURM_PROCID" not in env or _step_id(env) is None or size != 1:
+        return
+    tasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
+    if tasks.isdigit() and int(tasks) > 1:
+        raise SlurmError(f"Slurm started {tasks} tasks but Horovod's world size is 1 on each (task "
+                         f"{env['SLURM_PROCID']}): its MPI did not use Slurm's PMI. Run `srun hvdtrain ...` "
+                         f"without --mpi (hvdtrain forms the job over Gloo), or with the --mpi=pmix/pmi2 your MPI "
+                         f"was built for")
+
+
+# -- forming the Gloo job -----------------------------------------------------------------------
+
+def _address(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError as e:
+        raise SlurmError(f"Slurm node {host}: its name does not resolve ({e}); task 0's rendezvous runs there")
+
+
+def network_interface(step: SlurmStep, rendezvous_address: str) -> str | None:
+    """The interface holding this node's address (its name's, else the one that routes to the
+    rendezvous); None if it cannot be told (Gloo then picks one itself)."""
+    import psutil  # Horovod's own dependency
+
+    wanted = []
+    try:
+        wanted.append(socket.gethostbyname(step.node))
+    except OSError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((rendezvous_address, step.port))
+            wanted.append(probe.getsockname()[0])
+    except OSError:
+        pass
+    interfaces = psutil.net_if_addrs()
+    for address in wanted:
+        if address.startswith("127."):
+            continue
+        for name, addrs in interfaces.items():
+            if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+                return name
+    return None
+
+
+def horovod_variables(step: SlurmStep, rendezvous_address: str, iface: str | None) -> dict[str, str]:
+    """What ``horovodrun --gloo`` gives a worker, from the step."""
+    env = {
+        "HOROVOD_RANK": str(step.rank), "HOROVOD_SIZE": str(step.size),
+        "HOROVOD_LOCAL_RANK": str(step.local_rank), "HOROVOD_LOCAL_SIZE": str(step.local_size),
+        "HOROVOD_CROSS_RANK": str(step.cross_rank), "HOROVOD_CROSS_SIZE": str(step.cross_size),
+        "HOROVOD_HOSTNAME": step.node,
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_address, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(step.port),
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+    }
+    if iface:
+        env["HOROVOD_GLOO_IFACE"] = iface
+    return env
+
+
+def host_alloc_plan(step: SlurmStep) -> list:
+    """Horovod's :class:`SlotInfo` for every task of the step (its server sizes its scopes from it)."""
+    from horovod.runner.common.util.hosts import SlotInfo
+
+    plan, rank = [], 0
+    for index, (node, count) in enumerate(zip(step.nodes, step.tasks_per_node)):
+        for local in range(count):
+            cross = [n for n in step.tasks_per_node if n > local]
+            plan.append(SlotInfo(hostname=node, rank=rank, local_rank=local,
+                                 cross_rank=sum(1 for n in step.tasks_per_node[:index] if n > local),
+                                 size=step.size, local_size=count, cross_size=len(cross)))
+            rank += 1
+    return plan
+
+
+_SERVERS: list = []  # task 0's rendezvous server, serving for the life of the process
+
+
+def start_rendezvous(step: SlurmStep) -> Any:
+    """Task 0: Horovod's rendezvous server on the step's port, holding the step's tag, serving in
+    a thread for the life of the process; returned (``shutdown()`` stops it)."""
+    import threading
+
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+    try:
+        server = RendezvousHTTPServer(("", step.port), RendezvousHandler, False)
+    except OSError as e:
+        raise SlurmError(f"Slurm job {step.tag}: cannot open the rendezvous port {step.port} on {step.node} ({e}); "
+                         f"set {PORT_VARIABLE} to a free port for every task (e.g. `export {PORT_VARIABLE}=2"
+                         f"{step.port % 10000:04d}` in the batch script)") from None
+    server.init(host_alloc_plan(step))
+    server.cache.setdefault(SCOPE, {})[KEY] = step.tag.encode()
+    threading.Thread(target=server.serve_forever, name="hvdtrain-slurm-rendezvous", daemon=True).start()
+    _SERVERS.append(server)
+    return server
+
+
+def wait_rendezvous(step: SlurmStep, address: str, environ: Mapping[str, str] | None = None) -> None:
+    """Every task but 0: until task 0's server answers with this step's tag (a server of another
+    job on the port is an error naming it; none within the timeout, one naming the node)."""
+    env = os.environ if environ is None else environ
+    timeout = float(env.get(TIMEOUT_VARIABLE) or 300)
+    url = f"http://{address}:{step.port}/{SCOPE}/{KEY}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                tag = answer.read().decode()
+            if tag == step.tag:
+                return
+            raise SlurmError(f"the rendezvous port {step.port} on {step.nodes[0]} is held by Slurm job {tag}, not "
+                             f"{step.tag}: set {PORT_VARIABLE} to a free port for every task")
+        except (OSError, urllib.error.URLError) as e:
+            if time.monotonic() > deadline:
+                raise SlurmError(f"Slurm task {step.rank}: task 0's rendezvous at {step.nodes[0]}:{step.port} did "
+                                 f"not answer within {timeout:.0f} s ({e}); did task 0 start (its output says why "
+                                 f"not)? {TIMEOUT_VARIABLE} sets the wait") from None
+            time.sleep(0.5)
+
+
+def prepare_slurm_step(step: SlurmStep, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Turn this task of ``step`` into a Horovod Gloo worker: task 0 starts the rendezvous, the
+    others wait for it; Horovod's variables are set in ``environ`` (default ``os.environ``;
+    variables the user set already, such as ``HOROVOD_GLOO_IFACE``, are kept). Returns them."""
+    env = os.environ if environ is None else environ
+    if step.rank == 0 and step.node != step.nodes[0]:
+        raise SlurmError(f"Slurm task 0 runs on {step.node}, not on the step's first node {step.nodes[0]}: use "
+                         f"srun's default block or cyclic distribution")
+    address = _address(step.nodes[0])
+    if step.rank == 0:
+        start_rendezvous(step)
+    else:
+        wait_rendezvous(step, address, env)
+    variables = horovod_variables(step, address, env.get("HOROVOD_GLOO_IFACE") or network_interface(step, address))
+    for name in ("HOROVOD_GLOO_IFACE",):
+        if env.get(name):
+            variables[name] = env[name]
+    env.update(variables)
+    return variables
+
+
+def lone_slurm_process(environ: Mapping[str, str] | None = None) -> bool:
+    """A process of a one-task Slurm job started by the batch script itself (no launcher): it runs
+    as one rank on Gloo, like a process started alone."""
+    env = os.environ if environ is None else environ
+    return ("SLURM_PROCID" in env and _step_id(env) is None and not any(n in env for n in OTHER_LAUNCHERS)
+            and env.get("SLURM_NTASKS", "1") in ("", "1"))

@@ -1,0 +1,148 @@
+"""A real Slurm cluster of containers for tests/slurm: controller ``ctl``, compute nodes ``n1``, ``n2``.
+
+:class:`SlurmCluster` builds on tests/cluster's :class:`~cluster.dockerhosts.Cluster` (the same
+image build, ``docker exec``, shared-volume and clean-up helpers): it builds ``hvdtrain:cpu`` as
+that module does, then ``hvdtrain:slurm`` from docker/Dockerfile.slurm on top of it (Debian's
+slurmctld/slurmd/munge; a BuildKit cache keeps the packages, so a rebuild takes seconds), makes
+one MUNGE key for the cluster, and starts the three containers on a network of their own with the
+shared volume at ``/shared`` on every one (writable everywhere: a batch script and rank 0 may run
+on either node). The nodes also run sshd with the README's key pair, for ``horovodrun -H`` inside
+an allocation. Containers, network and volume are removed at the end; the images stay.
+
+Its own names (``hvdtrain-slurm-*``), so that tests/cluster's containers, running at the same
+time in another pytest worker, are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from cluster.dockerhosts import Cluster, make_key_pair
+
+SLURM_IMAGE = os.environ.get("HVDTRAIN_SLURM_IMAGE", "hvdtrain:slurm")
+SLURM_PREFIX = "hvdtrain-slurm"
+NODES = ("n1", "n2")
+CONTROLLER = "ctl"
+START = "/opt/hvdtrain/docker/slurm/start.sh"
+
+
+class SlurmCluster(Cluster):
+    """``ctl`` (slurmctld) and ``n1``, ``n2`` (slurmd, 2 CPUs each) from ``hvdtrain:slurm``."""
+
+    def __init__(self, tmp: Path):
+        super().__init__(tmp)
+        self.network = f"{SLURM_PREFIX}-net"
+        self.volume = f"{SLURM_PREFIX}-shared"
+        self.munge_key = tmp / "munge" / "munge.key"
+
+    @staticmethod
+    def container(name: str) -> str:
+        return f"{SLURM_PREFIX}-{name}"
+
+    # -- set-up -------------------------------------------------------------------------------
+    def build(self) -> None:
+        """``hvdtrain:cpu`` (as tests/cluster builds it), then ``hvdtrain:slurm`` on it."""
+        super().build()
+        started = time.monotonic()
+        log = self.tmp / "docker-build-slurm.log"
+        with open(log, "w") as out:
+            proc = subprocess.run([self.docker, "build", "-f", "docker/Dockerfile.slurm", "-t", SLURM_IMAGE,
+                                   "--progress=plain", "."], cwd=self.context, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=1200)
+        assert proc.returncode == 0, "Slurm image build failed:\n" + log.read_text()[-6000:]
+        self.timings["build_slurm"] = time.monotonic() - started
+
+    def start(self, nodes: tuple[str, ...] = NODES) -> None:
+        """Network, shared volume, MUNGE key, ``ctl`` and the nodes; returns once ``sinfo`` shows
+        every node idle."""
+        self.remove()
+        self.run("network", "create", self.network)
+        self.run("volume", "create", self.volume)
+        self.munge_key.parent.mkdir(parents=True, exist_ok=True)
+        self.munge_key.write_bytes(os.urandom(1024))
+        make_key_pair(self.keys)
+        env = {"HVDTRAIN_SLURM_CONTROLLER": CONTROLLER, "HVDTRAIN_SLURM_NODES": ",".join(nodes), "HVDTRAIN_SLURM_CPUS": "2"}
+        for name in (CONTROLLER, *nodes):
+            role = "controller" if name == CONTROLLER else "node"
+            flags = [a for k, v in {**env, "HVDTRAIN_SSHD": "1"}.items() for a in ("-e", f"{k}={v}")]
+            self.run("run", "-d", "--name", self.container(name), "--hostname", name, "--network", self.network,
+                     "--network-alias", name, "--shm-size=256m", *flags,
+                     "-v", f"{self.munge_key}:/etc/hvdtrain/munge.key:ro",
+                     "-v", f"{self.keys}:/etc/hvdtrain/ssh:ro", "-v", f"{self.volume}:/shared",
+                     SLURM_IMAGE, START, role)
+            self.hosts[name] = {"writable": True}
+        self.wait_idle(nodes)
+
+    def wait_idle(self, nodes: tuple[str, ...], timeout: float = 90) -> None:
+        """Until ``sinfo`` on the controller lists every node in ``nodes`` as idle."""
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self.exec(CONTROLLER, "sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=30)
+            states = dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
+            if proc.returncode == 0 and all(states.get(n) == "idle" for n in nodes):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Slurm nodes not idle after {timeout} s: {proc.stdout}{proc.stderr}\n"
+                                     + self.logs())
+            time.sleep(1)
+
+    # -- use ----------------------------------------------------------------------------------
+    def sbatch(self, script: str, *args: str, env: dict[str, str] | None = None) -> int:
+        """``sbatch --parsable ARGS SCRIPT`` from /shared on the controller (the login node): the job id."""
+        proc = self.exec(CONTROLLER, "sbatch", "--parsable", *args, script, env=env)
+        return int(proc.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job`` as a dict (JobState, ExitCode, Restarts, NodeList, ...); empty once
+        the controller has forgotten the job (MinJobAge after it ended)."""
+        proc = self.exec(CONTROLLER, "scontrol", "-o", "show", "job", str(job_id), check=False, timeout=30)
+        return dict(re.findall(r"(\w+)=(\S*)", proc.stdout)) if proc.returncode == 0 else {}
+
+    def squeue(self, job_id: int) -> str:
+        """The job's state as ``squeue`` shows it (e.g. PENDING, RUNNING); empty once it left the queue."""
+        proc = self.exec(CONTROLLER, "squeue", "-h", "-j", str(job_id), "-o", "%T", check=False, timeout=30)
+        return proc.stdout.strip()
+
+    def wait_job(self, job_id: int, timeout: float = 600, until: tuple[str, ...] = ("COMPLETED", "FAILED",
+                 "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+                 ) -> dict[str, str]:
+        """Poll ``scontrol show job`` until the job's state is one of ``until``; its record."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.job(job_id)
+            if info.get("JobState") in until:
+                return info
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} still {info.get('JobState')} after {timeout} s\n"
+                                     + self.job_output(job_id)[-4000:] + self.logs())
+            time.sleep(1)
+
+    def job_output(self, job_id: int) -> str:
+        """The batch script's output file (``slurm-JOBID.out`` in /shared), or ''."""
+        path = self.shared() / f"slurm-{job_id}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        """The tail of slurmctld's and every slurmd's log (for failure messages)."""
+        parts = []
+        for name in self.hosts:
+            log = "slurmctld.log" if name == CONTROLLER else "slurmd.log"
+            proc = self.exec(name, "tail", "-n", "25", f"/var/log/slurm/{log}", check=False, timeout=30)
+            parts.append(f"--- {name}: {log}\n{proc.stdout}")
+        return "\n".join(parts)
+
+    # -- clean-up -----------------------------------------------------------------------------
+    def remove(self) -> None:
+        """Remove this module's containers, network and volume (left by an earlier run too)."""
+        if not self.docker:
+            return
+        listed = self.run("ps", "-aq", "--filter", f"name=^{SLURM_PREFIX}-", check=False).stdout.split()
+        if listed:
+            self.run("rm", "-f", *listed, check=False)
+        self.run("network", "rm", self.network, check=False)
+        self.run("volume", "rm", "-f", self.volume, check=False)
+        self.hosts.clear()
