@@ -22,6 +22,7 @@ from hvdtrain.data import braces
 from hvdtrain.data.errors import DataError
 
 FETCH_CHUNK = 4 << 20
+READ_MODES = ("auto", "random", "stream")  # image.read: random access, streaming (stream.py), auto: stream remote shards
 ATTEMPTS = 3  # a read or download that fails is tried this often (1 s, 2 s apart) before it is an error
 _FILESYSTEMS: dict[str, object] = {}
 _LOCK = threading.Lock()

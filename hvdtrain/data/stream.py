@@ -47,8 +47,8 @@ from hvdtrain.core import sharding
 from hvdtrain.data import remote
 from hvdtrain.data.errors import DataError
 from hvdtrain.data.reader import spool_name
+from hvdtrain.data.remote import READ_MODES  # noqa: F401  (the image.read choices)
 
-READ_MODES = ("auto", "random", "stream")
 SPOOL_PREFIX = "hvdtrain-spool-"
 DOWNLOADERS = 2
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from hvdtrain.data.normalize import normalize_numpy
 from recipes.image_classification.config import ImageConfig
-from recipes.image_classification.data import default_workers, embedded_mnist, load_image_folder
+from recipes.image_classification.data import default_workers, embedded_mnist, is_remote, load_image_folder
 from recipes.image_classification.hf_models import HFImageModel, apply_preprocessing, is_hf_model, resolve
 
 LARGE_IMAGE_MODEL = "resnet50"
@@ -50,11 +50,15 @@ def load_image_data(config, ctx):
     hf = hf_model(config)
     if hf is not None:  # the checkpoint's size and resize/crop, unless the user set them
         image = apply_preprocessing(image, hf)
-    root = config.data.path or embedded_mnist()
+    root = config.data.path or (None if is_remote(None, image) else embedded_mnist())
     workers = default_workers(ctx.local_size) if image.workers is None else image.workers
     train, val, classes = load_image_folder(
         root, image, seed=config.train.seed, max_train=config.data.max_train_samples,
-        max_val=config.data.max_val_samples, pool=_pool(workers) if workers > 0 else None)
+        max_val=config.data.max_val_samples, pool=_pool(workers) if workers > 0 else None,
+        world_size=ctx.data_size, shuffle=config.data.shuffle)
+    if config.train.elastic and train.stream is not None and image.stream_lanes is None:
+        raise ValueError("train.elastic=true streams the shards (image.read): set image.stream_lanes (for example to "
+                         "the largest world size) so the streaming order stays the same when workers come and go")
     num_classes = config.model.num_classes or len(classes)
     if num_classes < len(classes):
         raise ValueError(f"model.num_classes={num_classes} is smaller than the {len(classes)} class "
@@ -70,8 +74,16 @@ def load_image_data(config, ctx):
         print(f"hvdtrain: images: {len(train.index):,} train / {len(val.index):,} val files in {len(classes)} classes "
               f"(index {'built' if index.built else 'cached'}: {index.nbytes / 2**20:.1f} MiB); "
               f"{train.policy.size}x{train.policy.size}x{train.channels}, {train.policy.kind}: {train.policy.describe()}; "
-              f"{workers or 'no'} decoding worker(s) per rank", flush=True)
+              f"{workers or 'no'} decoding worker(s) per rank{_streaming(train, image)}", flush=True)
     return train, val, num_classes
+
+
+def _streaming(train, image) -> str:
+    """How the shards are read, for the start-up line."""
+    if train.stream is None:
+        return ""
+    return (f"; streamed from {train.index.root} in {train.stream.plan.lanes} lane(s), spool of up to "
+            f"{image.spool_shards} shards / {image.spool_mb} MiB per rank")
 
 
 def model_name(config, train) -> str:

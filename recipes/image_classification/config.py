@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hvdtrain import option
+from hvdtrain.data.remote import READ_MODES
 from hvdtrain.data.transforms import POLICIES
 
 MOVED_KEYS = {"data.image_size": "image.size", "data.augment": "image.augment", "data.bad_files": "image.bad_files"}
@@ -51,3 +52,17 @@ class ImageConfig:
     label_column: str | None = option(None, "Parquet/Arrow label column; None: 'label' or 'labels'", resume="data")
     index_cache: str | None = option(None, "where the cached file index lives; None: $HVDTRAIN_DATA_CACHE/index "
                                      "(default ~/.cache/hvdtrain/data/index)")
+    read: str = option("auto", "how shards are read: 'random' (each sample where the index says: one range request "
+                       "per sample for remote shards), 'stream' (each rank downloads whole shards in an order drawn "
+                       "from (seed, epoch), a few ahead, into a local spool), 'auto' (stream for remote shards "
+                       "(URLs), random for local ones); ImageFolder trees are read at random", choices=READ_MODES,
+                       resume="data")
+    stream_lanes: int | None = option(None, "streaming: the epoch's shards are cut into this many lanes, lane r read "
+                                      "by rank r; None: the world size at start. Set it for elastic runs or to "
+                                      "resume on another world size (it must not change within a run)", min=1,
+                                      resume="data")
+    spool_dir: str | None = option(None, "streaming: the folder the per-rank spool of whole shards is made in "
+                                   "(removed at exit); None: $TMPDIR or /tmp")
+    spool_mb: int = option(2048, "streaming: the most MiB of shards each rank spools and downloads at once", min=1)
+    spool_shards: int = option(4, "streaming: the most shards each rank spools and downloads at once (at least 2 "
+                               "keeps the next shard coming while one is read)", min=1)

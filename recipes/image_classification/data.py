@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from hvdtrain.data import braces
+from hvdtrain.data import braces, remote
 from hvdtrain.data.index import DataError, ImageIndex, load_index
 from hvdtrain.data.pipeline import ImageDataset
 from hvdtrain.data.shards import EXTENSIONS, load_shard_index
@@ -91,6 +91,27 @@ def _format_of(root: Path, pattern: str) -> str:
                     f".arrow); set image.format")
 
 
+def _remote_format(pattern: str, key: str) -> str:
+    """The format of remote shards, from the pattern's extension."""
+    for fmt, extensions in EXTENSIONS.items():
+        if pattern.lower().rstrip("/").endswith(extensions):
+            return fmt
+    raise DataError(f"{key}={pattern}: cannot tell the format from the name (.tar, .parquet or .arrow); "
+                    f"set image.format")
+
+
+def find_remote_shards(root: str | None, pattern: str | None, fmt: str, key: str) -> list[str]:
+    """The URLs of a split's remote shards: ``pattern`` (a brace pattern, relative to the URL
+    ``root`` or a URL itself); a remote split must be named (a plain HTTP server cannot be listed)."""
+    if not pattern:
+        raise DataError(f"{key} is not set: remote data ({root}) cannot be searched for its shards; name them with "
+                        f"a brace pattern such as {key}=train/train-{{000000..000099}}.tar")
+    url = pattern if remote.is_url(pattern) or root is None else remote.join(root, pattern)
+    if not remote.is_url(url):
+        raise DataError(f"{key}={pattern} is a local path but the other split is remote ({root}); give URLs")
+    return remote.expand(url, EXTENSIONS[fmt])
+
+
 def find_shards(root: Path, fmt: str, pattern: str | None, splits: tuple[str, ...], key: str) -> list[Path]:
     """The shard files of a split: ``pattern`` (brace pattern, glob or folder, relative to ``root``)
     or the first of ``splits`` found in ``fmt``'s usual places."""
@@ -118,8 +139,28 @@ def _places(fmt: str, split: str) -> str:
             "arrow": f"{split}/state.json + {split}/*.arrow"}[fmt]
 
 
+def is_remote(root: str | Path | None, image: Any) -> bool:
+    """True when ``--data`` or ``image.train_shards`` is a URL (shards read through fsspec)."""
+    return any(x is not None and remote.is_url(str(x)) for x in (root, image.train_shards))
+
+
+def load_remote_indexes(root: str | None, image: Any) -> tuple[ImageIndex, ImageIndex]:
+    """The train and val indexes of remote shards (``image.train_shards``/``val_shards``, under the URL ``root``)."""
+    url_root = str(root) if root is not None and remote.is_url(str(root)) else None
+    if image.format == "folder":
+        raise DataError(f"image.format=folder: an ImageFolder tree is read from a local folder, not {root}; "
+                        f"store it as shards (hvdtrain convert) to read it remotely")
+    fmt = image.format if image.format != "auto" else _remote_format(image.train_shards or "", "image.train_shards")
+    options = dict(image_column=image.image_column, label_column=image.label_column, cache=image.index_cache)
+    train = load_shard_index(find_remote_shards(url_root, image.train_shards, fmt, "image.train_shards"), fmt, **options)
+    val_files = find_remote_shards(url_root, image.val_shards, fmt, "image.val_shards")
+    return train, load_shard_index(val_files, fmt, classes=train.classes, **options)
+
+
 def load_indexes(root: Path, image: Any) -> tuple[ImageIndex, ImageIndex]:
     """The train and val indexes of ``root`` in ``image.format`` (see :func:`detect_format`)."""
+    if is_remote(root, image):
+        return load_remote_indexes(root, image)
     fmt = image.format if image.format != "auto" else (
         _format_of(root, image.train_shards) if image.train_shards else detect_format(root))
     if fmt == "folder":
@@ -139,27 +180,51 @@ def load_indexes(root: Path, image: Any) -> tuple[ImageIndex, ImageIndex]:
     return train, load_shard_index(val_files, fmt, classes=train.classes, **options)
 
 
+def read_mode(index: ImageIndex, image: Any) -> str:
+    """``random`` or ``stream`` for ``index`` under ``image.read`` (auto: stream remote shards)."""
+    if image.read == "auto":
+        return "stream" if index.where is not None and remote.is_url(str(index.root)) else "random"
+    return image.read
+
+
+def _stream(index: ImageIndex, rows, image: Any, *, seed: int, shuffle: bool, train: bool, world_size: int):
+    """The :class:`~hvdtrain.data.stream.Stream` of a split in streaming mode, or None."""
+    if read_mode(index, image) != "stream":
+        return None
+    from hvdtrain.data.stream import open_stream
+
+    return open_stream(index, rows, lanes=image.stream_lanes or world_size, seed=seed, shuffle=shuffle, train=train,
+                       max_bytes=image.spool_mb << 20, max_shards=image.spool_shards, spool_dir=image.spool_dir)
+
+
 def load_image_folder(root: str | Path, image: Any, *, seed: int, max_train: int | None = None,
-                      max_val: int | None = None, local_size: int = 1, pool: Any = None):
+                      max_val: int | None = None, local_size: int = 1, pool: Any = None, world_size: int = 1,
+                      shuffle: bool = True):
     """Train and val :class:`~hvdtrain.data.pipeline.ImageDataset` of ``--data``, and the class names.
 
     ``root/train/<class>/*`` and either ``root/val/<class>/*`` (the same class folders) or a flat
     ``root/val`` with ``image.val_labels``; or shards (``image.format``, ``image.train_shards``,
-    ``image.val_shards``). ``image`` is the recipe's ``image`` section. Caps take a seeded random
-    subset. No image is decoded here (a sample of headers chooses the policy).
+    ``image.val_shards``), local or URLs. ``image`` is the recipe's ``image`` section. Caps take a
+    seeded random subset. No image is decoded here (a sample of headers chooses the policy). In
+    streaming mode (``image.read``) the datasets stream their shards in ``image.stream_lanes``
+    (default ``world_size``) lanes; ``shuffle`` is the training loop's ``data.shuffle``.
     """
-    root = Path(root)
-    if not root.is_dir() and not (image.format != "folder" and image.train_shards):
-        raise DataError(f"data directory {root} does not exist")
+    if not is_remote(root, image):
+        root = Path(root)
+        if not root.is_dir() and not (image.format != "folder" and image.train_shards):
+            raise DataError(f"data directory {root} does not exist")
     train_index, val_index = load_indexes(root, image)
     classes = train_index.classes
     grayscale = train_index.grayscale  # the validation images are converted to the training images' mode
     policy = choose_policy(image.transform, image.size, train_index.native_size, image.augment, grayscale)
     common = dict(seed=seed, bad_files=image.bad_files, pool=pool, grayscale=grayscale)
-    train = ImageDataset(train_index, policy, train=True, rows=_subset(len(train_index), max_train, seed),
-                         name="train", **common)
-    val = ImageDataset(val_index, policy, train=False, rows=_subset(len(val_index), max_val, seed + 1),
-                       name="val", **common)
+    rows = _subset(len(train_index), max_train, seed)
+    streaming = dict(seed=seed, shuffle=shuffle, world_size=world_size)
+    train = ImageDataset(train_index, policy, train=True, rows=rows, name="train",
+                         stream=_stream(train_index, rows, image, train=True, **streaming), **common)
+    rows = _subset(len(val_index), max_val, seed + 1)
+    val = ImageDataset(val_index, policy, train=False, rows=rows, name="val",
+                       stream=_stream(val_index, rows, image, train=False, **streaming), **common)
     return train, val, classes
 
 
