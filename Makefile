@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # make test runs its modules in this many pytest-xdist workers, a module whole in one, longest first (tests/conftest.py)
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo demo-torch demo-tensorflow test test-unit test-fast bench clean docker-cpu test-cluster
+.PHONY: setup demo demo-torch demo-tensorflow test test-unit test-fast bench clean docker-cpu docker-gpu test-cluster
 
 setup:
 	bash scripts/install.sh
@@ -43,6 +43,11 @@ clean:
 DOCKER_TAG ?= hvdtrain:cpu
 docker-cpu:
 	bash scripts/docker-build.sh $(DOCKER_TAG)
+
+# the GPU image (docker/Dockerfile.gpu): CUDA, NCCL and nvcc from PyPI's NVIDIA wheels, Horovod built with NCCL
+GPU_DOCKER_TAG ?= hvdtrain:gpu
+docker-gpu:
+	bash scripts/docker-build.sh -f docker/Dockerfile.gpu $(GPU_DOCKER_TAG)
 
 # the multi-host tests alone (containers as hosts; builds the image if needed)
 test-cluster: setup

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Build the hvdtrain CPU image with this machine's pip set-up and its cached Horovod wheel.
+# Build an hvdtrain image with this machine's pip set-up and its cached Horovod wheel.
 #
 #   bash scripts/docker-build.sh [TAG]          # or: make docker-cpu     (default TAG: hvdtrain:cpu)
+#   bash scripts/docker-build.sh -f docker/Dockerfile.gpu [TAG]   # or: make docker-gpu (hvdtrain:gpu)
 #
+# -f DOCKERFILE: the Dockerfile to build (default docker/Dockerfile.cpu); the default TAG is
+# hvdtrain:<its suffix>. Only the CPU build gets torch's CPU index (step 5).
 # 1. a Docker engine with BuildKit (scripts/docker-daemon.sh: starts or installs one when root);
 # 2. the base image: $HVDTRAIN_DOCKER_BASE (default debian:bookworm-slim) if present or pullable,
 #    else a debootstrap import made by scripts/docker-base.sh (local/bookworm:minbase);
@@ -20,10 +23,18 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-tag="${1:-hvdtrain:cpu}"
+dockerfile="docker/Dockerfile.cpu"
+if [[ "${1:-}" == "-f" ]]; then
+  [[ -n "${2:-}" ]] || { echo "[hvdtrain docker] ERROR: -f needs a Dockerfile (docker/Dockerfile.cpu or docker/Dockerfile.gpu)" >&2; exit 2; }
+  dockerfile="$2"
+  shift 2
+fi
+[[ -f "$repo/$dockerfile" ]] || { echo "[hvdtrain docker] ERROR: no Dockerfile $dockerfile (give docker/Dockerfile.cpu or docker/Dockerfile.gpu)" >&2; exit 2; }
+tag="${1:-hvdtrain:${dockerfile##*.}}"
 cache="${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}"
 base="${HVDTRAIN_DOCKER_BASE:-debian:bookworm-slim}"
 torch_index="${HVDTRAIN_TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"
+[[ "${dockerfile##*/}" == Dockerfile.cpu ]] || torch_index=""  # torch's CUDA build is PyPI's own
 say() { printf '[hvdtrain docker] %s\n' "$*" >&2; }
 die() { printf '[hvdtrain docker] ERROR: %s\n' "$*" >&2; exit 1; }
 cd "$repo"
@@ -73,8 +84,8 @@ fi
 
 build=(build)
 if "$docker" buildx version >/dev/null 2>&1; then build=(buildx build --load); fi
-say "building $tag from $base with $docker ${build[*]}"
-"$docker" "${build[@]}" -f docker/Dockerfile.cpu -t "$tag" --progress="${HVDTRAIN_DOCKER_PROGRESS:-plain}" \
+say "building $tag from $base ($dockerfile) with $docker ${build[*]}"
+"$docker" "${build[@]}" -f "$dockerfile" -t "$tag" --progress="${HVDTRAIN_DOCKER_PROGRESS:-plain}" \
   --build-arg BASE_IMAGE="$base" --build-arg TORCH_INDEX_URL="$torch_index" "${secrets[@]}" . \
   || die "docker build failed (output above)"
 size="$("$docker" image inspect "$tag" --format '{{.Size}}')"

@@ -1,5 +1,6 @@
 """The Docker images without a Docker engine: hadolint on both Dockerfiles, both built through
-scripts/install.sh with setup.cfg's pins, the entrypoint run for real, and the MPIJob manifest."""
+scripts/install.sh with setup.cfg's pins, the entrypoint run for real. The Kubernetes manifests:
+tests/unit/test_manifests.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -148,19 +148,3 @@ def test_entrypoint_installs_a_mounted_key_pair(tmp_path):
     assert (ssh / "authorized_keys").read_text() == (keys / "id_ed25519.pub").read_text()
     # the pair certifies the hosts: the only host keys ssh trusts are those it signed
     assert (ssh / "known_hosts").read_text() == "@cert-authority * " + (keys / "id_ed25519.pub").read_text()
-
-
-def test_mpijob_manifest_runs_hvdtrain_on_every_slot():
-    job = yaml.safe_load((DOCKER / "mpijob.yaml").read_text())
-    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
-    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    worker_spec = job["spec"]["mpiReplicaSpecs"]["Worker"]
-    worker = worker_spec["template"]["spec"]["containers"][0]
-    command = launcher["args"]  # the image's entrypoint runs first (the operator's key as host CA)
-    assert command[0] == "mpirun" and command[command.index("hvdtrain") + 1] == "recipe"
-    assert int(command[command.index("-np") + 1]) == job["spec"]["slotsPerWorker"] * worker_spec["replicas"]
-    assert worker["args"] == ["worker"] and "command" not in worker  # host keys made at start, then sshd
-    assert {e["name"]: e["value"] for e in worker["env"]}["HVDTRAIN_SSH_PORT"] == "22"
-    assert job["spec"]["sshAuthMountPath"] == "/etc/hvdtrain/ssh"
-    assert launcher["image"] == worker["image"]
-    assert worker["resources"]["limits"]["nvidia.com/gpu"] == job["spec"]["slotsPerWorker"]
