@@ -140,7 +140,7 @@ class TensorFlowAdapter(FrameworkAdapter):
         else:
             self.exchange = build_exchange(plan, self.trainable, self.model, self.optimizer)
         self._steps: dict[bool, tuple[Any, Any]] = {}  # per frozen-backbone mode: (apply, accumulate) step
-        self._eval = tf.function(self._eval_step, reduce_retracing=True)
+        self._eval = tf.function(self._eval_step, reduce_retracing=True, autograph=False)
 
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0
@@ -165,9 +165,10 @@ class TensorFlowAdapter(FrameworkAdapter):
     def _step_functions(self) -> tuple[Any, Any]:
         """The traced (apply, accumulate) steps for the current mode: a frozen backbone's step is
         traced with its BatchNormalization layers non-trainable and updates the head only."""
-        if self._frozen not in self._steps:
-            self._steps[self._frozen] = (tf.function(self._apply_step, reduce_retracing=True),
-                                         tf.function(self._accumulate_step, reduce_retracing=True))
+        if self._frozen not in self._steps:  # autograph=False: the steps branch on tensors only through
+            # tf.cond, so AutoGraph's rewrite (of Horovod's functions, at every trace) is start-up time only
+            self._steps[self._frozen] = (tf.function(self._apply_step, reduce_retracing=True, autograph=False),
+                                         tf.function(self._accumulate_step, reduce_retracing=True, autograph=False))
         return self._steps[self._frozen]
 
     def _loss(self, inputs: Any, targets: Any, training: bool) -> tuple[Any, Any]:
