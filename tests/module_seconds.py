@@ -38,7 +38,7 @@ def main(log: str) -> None:
     print(f"{FILE}: {len(table)} modules, {sum(table.values()):.0f} s")
 
 
-def jobs(log: str, top: int = 40) -> None:
+def jobs(log: str, top: str = "40") -> None:
     per_test: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for line in Path(log).read_text().splitlines():
         job = json.loads(line)
@@ -48,7 +48,7 @@ def jobs(log: str, top: int = 40) -> None:
         row[2] += job["cpu"]
     ranked = sorted(per_test.items(), key=lambda kv: -kv[1][2])
     print(f"{'cpu s':>8} {'wall s':>8} {'jobs':>4}  test")
-    for test, (count, wall, cpu) in ranked[:top]:
+    for test, (count, wall, cpu) in ranked[:int(top)]:
         print(f"{cpu:8.1f} {wall:8.1f} {count:4d}  {test}")
     print(f"{sum(r[2] for _, r in ranked):8.1f} {sum(r[1] for _, r in ranked):8.1f} "
           f"{sum(r[0] for _, r in ranked):4d}  all {len(ranked)} tests")
