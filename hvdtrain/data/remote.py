@@ -170,11 +170,12 @@ def open_file(url: str):
         raise _error(url, exc, "opening") from None
 
 
-def fetch(url: str, dest: str, size: int | None = None, stop: threading.Event | None = None) -> int:
-    """Copy ``url`` whole to ``dest`` (through ``dest.part``, renamed when complete and of the
-    expected ``size``); returns the bytes written. ``stop`` set: give up (InterruptedError, the
-    part file removed)."""
-    part = dest + ".part"
+def fetch(url: str, dest: str, size: int | None = None, stop: threading.Event | None = None,
+          part: str | None = None) -> int:
+    """Copy ``url`` whole to ``dest`` (through ``part``, default ``dest.part``, renamed when
+    complete and of the expected ``size``); returns the bytes written. ``stop`` set: give up
+    (InterruptedError, the part file removed)."""
+    part = part or dest + ".part"
 
     def copy() -> int:
         written = 0

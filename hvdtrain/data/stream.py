@@ -47,7 +47,6 @@ from hvdtrain.core import sharding
 from hvdtrain.data import remote
 from hvdtrain.data.errors import DataError
 from hvdtrain.data.reader import spool_name
-from hvdtrain.data.remote import READ_MODES  # noqa: F401  (the image.read choices)
 
 SPOOL_PREFIX = "hvdtrain-spool-"
 DOWNLOADERS = 2
@@ -137,6 +136,8 @@ class Spool:
         self.waited = 0.0         # seconds batches waited for downloads
         self.peak_bytes = 0       # the most spooled + in flight at once
         self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.RLock()  # jobs: changed by the trainer, read by the downloads' callbacks
+        self._serial = 0
         self._threads = [threading.Thread(target=self._download_loop, name=f"hvdtrain-spool-{i}", daemon=True)
                          for i in range(DOWNLOADERS)]
         for thread in self._threads:
@@ -168,17 +169,19 @@ class Spool:
             admitted.append(shard)
             total += size
         keep = set(admitted)
-        for shard in [s for s in self.jobs if s not in keep]:
-            self._drop(shard)
-        for shard in admitted:
-            job = self.jobs.get(shard)
-            if job is not None and job[0].done() and job[0].exception() is not None and shard not in needed:
-                self._drop(shard)  # a failed read-ahead: tried again when it is needed
-                job = None
-            if job is None:
-                stop, future = threading.Event(), Future()
-                self.jobs[shard] = (future, stop)
-                self._queue.put((shard, future, stop))
+        with self._lock:
+            for shard in [s for s in self.jobs if s not in keep]:
+                self._drop(shard)
+            for shard in admitted:
+                job = self.jobs.get(shard)
+                if job is not None and job[0].done() and job[0].exception() is not None and shard not in needed:
+                    self._drop(shard)  # a failed read-ahead: tried again when it is needed
+                    job = None
+                if job is None:
+                    stop, future = threading.Event(), Future()
+                    self.jobs[shard] = (future, stop)
+                    self._serial += 1
+                    self._queue.put((shard, future, stop, f"{self.path(shard)}.{self._serial}.part"))
         self.peak_bytes = max(self.peak_bytes, total)
         ready = [s for s in needed if s in keep]
         started = time.perf_counter()
@@ -188,32 +191,33 @@ class Spool:
         return ready
 
     def _drop(self, shard: int) -> None:
+        """Forget shard ``shard``: stop its download, delete its copy (once the download has ended,
+        unless the shard is wanted again by then). Called under the lock."""
         future, stop = self.jobs.pop(shard)
         stop.set()
-        if future.done():
-            try:
-                os.unlink(self.path(shard))
-            except FileNotFoundError:
-                pass
-        else:  # the downloader removes it when it sees the stop
-            future.add_done_callback(lambda _f, p=self.path(shard): _unlink_quietly(p))
+        future.add_done_callback(lambda _f: self._forget(shard))  # at once if it is done
+
+    def _forget(self, shard: int) -> None:
+        with self._lock:
+            if shard not in self.jobs:
+                _unlink_quietly(self.path(shard))
 
     def _download_loop(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            shard, future, stop = item
+            shard, future, stop, part = item
             if stop.is_set():
                 future.set_exception(InterruptedError("dropped before it started"))
                 continue
             try:
                 location = self.locations[shard]
                 if remote.is_url(location):
-                    written = remote.fetch(location, self.path(shard), self.size(shard), stop)
+                    written = remote.fetch(location, self.path(shard), self.size(shard), stop, part)
                 else:
-                    shutil.copyfile(location, self.path(shard) + ".part")
-                    os.replace(self.path(shard) + ".part", self.path(shard))
+                    shutil.copyfile(location, part)
+                    os.replace(part, self.path(shard))
                     written = self.size(shard)
                 self.fetched += 1
                 self.fetched_bytes += written
