@@ -100,12 +100,35 @@ def _remote_format(pattern: str, key: str) -> str:
                     f"set image.format")
 
 
-def find_remote_shards(root: str | None, pattern: str | None, fmt: str, key: str) -> list[str]:
+def remote_manifest(root: str | None) -> dict | None:
+    """The ``manifest.json`` of ``hvdtrain convert`` at the URL ``root`` (None if there is none)."""
+    if root is None:
+        return None
+    url = remote.join(root, "manifest.json")
+    try:
+        size, _ = remote.stat(url)
+    except DataError:
+        return None
+    try:
+        manifest = json.loads(remote.read_range(url, 0, size))
+    except ValueError as exc:
+        raise DataError(f"{url} is not a JSON manifest: {exc}") from None
+    return manifest if isinstance(manifest, dict) and isinstance(manifest.get("splits"), dict) else None
+
+
+def find_remote_shards(root: str | None, pattern: str | None, fmt: str, key: str,
+                       manifest: dict | None = None, splits: tuple[str, ...] = ()) -> list[str]:
     """The URLs of a split's remote shards: ``pattern`` (a brace pattern, relative to the URL
-    ``root`` or a URL itself); a remote split must be named (a plain HTTP server cannot be listed)."""
+    ``root`` or a URL itself), else the first of ``splits`` that ``hvdtrain convert``'s manifest at
+    ``root`` lists (a plain HTTP server cannot be listed)."""
     if not pattern:
-        raise DataError(f"{key} is not set: remote data ({root}) cannot be searched for its shards; name them with "
-                        f"a brace pattern such as {key}=train/train-{{000000..000099}}.tar")
+        for split in splits if manifest else ():
+            entry = manifest["splits"].get(split)
+            if isinstance(entry, dict) and entry.get("shards"):
+                return [remote.join(root, str(shard["name"])) for shard in entry["shards"]]
+        raise DataError(f"{key} is not set: remote data ({root}) cannot be searched for its shards and has no "
+                        f"manifest.json of hvdtrain convert listing a {'/'.join(splits) or 'split'} split; name "
+                        f"them with a brace pattern such as {key}=train/train-{{000000..000099}}.tar")
     url = pattern if remote.is_url(pattern) or root is None else remote.join(root, pattern)
     if not remote.is_url(url):
         raise DataError(f"{key}={pattern} is a local path but the other split is remote ({root}); give URLs")
@@ -145,15 +168,22 @@ def is_remote(root: str | Path | None, image: Any) -> bool:
 
 
 def load_remote_indexes(root: str | None, image: Any) -> tuple[ImageIndex, ImageIndex]:
-    """The train and val indexes of remote shards (``image.train_shards``/``val_shards``, under the URL ``root``)."""
+    """The train and val indexes of remote shards: ``image.train_shards``/``val_shards`` (under the
+    URL ``root``), or the splits listed by the ``manifest.json`` that ``hvdtrain convert`` wrote there."""
     url_root = str(root) if root is not None and remote.is_url(str(root)) else None
     if image.format == "folder":
         raise DataError(f"image.format=folder: an ImageFolder tree is read from a local folder, not {root}; "
                         f"store it as shards (hvdtrain convert) to read it remotely")
-    fmt = image.format if image.format != "auto" else _remote_format(image.train_shards or "", "image.train_shards")
+    manifest = remote_manifest(url_root) if not (image.train_shards and image.val_shards) else None
+    fmt = image.format
+    if fmt == "auto" and image.train_shards:
+        fmt = _remote_format(image.train_shards, "image.train_shards")
+    elif fmt == "auto":  # from the manifest (none: find_remote_shards says what to set)
+        fmt = manifest.get("format") if manifest and manifest.get("format") in EXTENSIONS else "webdataset"
     options = dict(image_column=image.image_column, label_column=image.label_column, cache=image.index_cache)
-    train = load_shard_index(find_remote_shards(url_root, image.train_shards, fmt, "image.train_shards"), fmt, **options)
-    val_files = find_remote_shards(url_root, image.val_shards, fmt, "image.val_shards")
+    train = load_shard_index(find_remote_shards(url_root, image.train_shards, fmt, "image.train_shards", manifest,
+                                                ("train",)), fmt, **options)
+    val_files = find_remote_shards(url_root, image.val_shards, fmt, "image.val_shards", manifest, VAL_SPLITS)
     return train, load_shard_index(val_files, fmt, classes=train.classes, **options)
 
 

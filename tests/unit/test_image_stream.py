@@ -23,6 +23,7 @@ import pytest
 from benchmarks import photo_tree
 from hvdtrain.core import sharding
 from hvdtrain.data import braces, remote
+from hvdtrain.data.convert import convert
 from hvdtrain.data.index import DataError
 from hvdtrain.data.pipeline import ImageDataset
 from hvdtrain.data.shards import load_shard_index
@@ -182,6 +183,7 @@ def served(tmp_path_factory):
     tree = photo_tree.make_tree(base / "folder", classes=3, train=8, val=3, size=(120, 90))
     image_stores.write_tars(tree, base / "wds", shards=4)
     image_stores.write_parquet(tree, base / "pq")
+    convert(tree, base / "conv", "parquet", samples_per_shard=10)  # hvdtrain convert: a manifest lists the splits
     port = free_port()
     server = subprocess.Popen([str(REPO / "scripts" / "http-server.sh"), str(base), str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -267,7 +269,7 @@ def test_streamed_http_batches_equal_random_access_with_any_workers_and_after_a_
 
 @needs_photos
 @needs_server
-def test_recipe_streams_remote_shards_named_by_url(served):
+def test_recipe_streams_remote_shards_named_by_url_or_listed_by_a_convert_manifest(served):
     base, url = served
     image = ImageConfig(size=32, workers=0, train_shards="train/train-{000000..000003}.tar",
                         val_shards="val/val-{000000..000003}.tar")
@@ -284,7 +286,10 @@ def test_recipe_streams_remote_shards_named_by_url(served):
     with pytest.raises(DataError, match=r"image.val_shards is not set: remote data \(http://.*/wds\) cannot be "
                                         r"searched"):
         load_image_folder(f"{url}/wds", ImageConfig(train_shards="train/train-{000000..000003}.tar"), seed=3)
-    for d in (train, val):
+    listed, listed_val, _ = load_image_folder(f"{url}/conv", ImageConfig(size=32, workers=0), seed=3, world_size=2)
+    assert (len(listed), len(listed_val), listed.index.kind, len(listed.index.shards)) == (24, 9, "row", 3)
+    assert listed.stream is not None and listed.get_batch(np.arange(4), 0)[0].shape == (4, 32, 32, 3)
+    for d in (train, val, listed, listed_val):
         d.stream.close()
 
 
