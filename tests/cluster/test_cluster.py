@@ -118,9 +118,9 @@ def test_each_host_has_its_own_host_keys_and_only_certified_hosts_are_trusted(cl
     assert cluster.exec("h1", "ssh", "-p", str(SSH_PORT), "h2", "hostname").stdout.strip() == "h2"
 
 
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_horovodrun_gloo_across_hosts(cluster, framework):
-    name = f"gloo-{framework}"
+def test_horovodrun_gloo_across_hosts(cluster):
+    """torch over Gloo from the CLI; TensorFlow over Gloo is test_python_api_across_hosts's job."""
+    name, framework = "gloo-torch", "torch"
     proc = cluster.exec("h1", "horovodrun", "-np", "4", "-H", "h1:2,h2:2", "-p", str(SSH_PORT), "--gloo",
                         "hvdtrain", "recipe", "image-classification", "--framework", framework,
                         "--epochs", "2", "--output", f"/shared/runs/{name}", *TRAIN, timeout=600)
@@ -145,8 +145,9 @@ def test_horovodrun_mpi_across_hosts_parameters_identical(cluster, framework):
 
 
 def test_python_api_across_hosts(cluster):
+    """``hvdtrain.run`` from a notebook on h1 (Horovod's Gloo controller): TensorFlow across hosts."""
     code = ("import json, hvdtrain\n"
-            "r = hvdtrain.run('image-classification', framework='torch', np=4, hosts='h1:2,h2:2', ssh_port=2222,\n"
+            "r = hvdtrain.run('image-classification', framework='tensorflow', np=4, hosts='h1:2,h2:2', ssh_port=2222,\n"
             f"    output='/shared/runs/api', data__path='{DATA}', train__epochs=2, train__batch_size=32,\n"
             "    data__max_train_samples=1024, data__max_val_samples=256, train__log_every=0)\n"
             "print('RESULT', json.dumps({'epochs': [h['epoch'] for h in r.history], 'checkpoint': str(r.checkpoint)}))\n")
