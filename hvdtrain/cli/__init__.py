@@ -6,6 +6,7 @@ from hvdtrain.cli import predict  # noqa: F401
 from hvdtrain.cli import bench  # noqa: F401
 from hvdtrain.cli import report  # noqa: F401
 from hvdtrain.cli import convert  # noqa: F401
+from hvdtrain.cli import slurm  # noqa: F401
 from hvdtrain.cli.common import main
 
 __all__ = ["main"]

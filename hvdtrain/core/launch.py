@@ -19,6 +19,7 @@ from typing import Any
 
 from hvdtrain.core import slurm
 from hvdtrain.core.comm import horovod_comm_variables
+from hvdtrain.core.config import preempt_signal_names
 from hvdtrain.tools.hosts import check_gloo_hostname
 
 LAUNCHER_VARIABLES = (
@@ -42,7 +43,9 @@ def prepare_horovod_environment(config: Any = None) -> dict[str, str]:
 
     A task of a Slurm step becomes a Gloo worker of the step's job
     (:func:`hvdtrain.core.slurm.prepare_slurm_step`); a process that Slurm's batch script started
-    by itself in a job of several tasks is refused (:func:`hvdtrain.core.slurm.check_batch_process`).
+    by itself in a job of several tasks is refused (:func:`hvdtrain.core.slurm.check_batch_process`);
+    in a Slurm job, a warning signal (``--signal=USR1@...``) that comes while the training loop does
+    not watch for it is ignored (:func:`hvdtrain.core.slurm.ignore_early_and_late_warnings`).
     A process started alone uses Gloo as a single rank. With a
     :class:`~hvdtrain.core.config.RunConfig`, its ``comm`` section is exported as Horovod's
     variables (the timeline's and autotune log's folders are created). Returns what was set.
@@ -51,6 +54,8 @@ def prepare_horovod_environment(config: Any = None) -> dict[str, str]:
     if step is not None:
         slurm.prepare_slurm_step(step)
     slurm.check_batch_process()
+    checkpoint = getattr(config, "checkpoint", None)
+    slurm.ignore_early_and_late_warnings(preempt_signal_names(getattr(checkpoint, "preempt_signals", "USR1,TERM")))
     check_gloo_hostname()  # a Gloo job across hosts needs each host's name to resolve off loopback
     if not under_launcher() or slurm.lone_slurm_process():
         os.environ.setdefault("HOROVOD_CONTROLLER", "gloo")

@@ -381,3 +381,48 @@ def lone_slurm_process(environ: Mapping[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
     return ("SLURM_PROCID" in env and _step_id(env) is None and not any(n in env for n in OTHER_LAUNCHERS)
             and env.get("SLURM_NTASKS", "1") in ("", "1"))
+
+
+def allocation_hosts(environ: Mapping[str, str] | None = None) -> list[tuple[str, int]]:
+    """The job allocation's nodes and the tasks Slurm gave each (``SLURM_JOB_NODELIST`` and
+    ``SLURM_TASKS_PER_NODE``), for ``horovodrun -H`` or an MPI host file inside the batch script."""
+    env = os.environ if environ is None else environ
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise SlurmError("not inside a Slurm allocation: SLURM_JOB_NODELIST is not set (run this in an sbatch script "
+                         "or an salloc shell)")
+    nodes = hostnames(nodelist)
+    per_node_text = env.get("SLURM_TASKS_PER_NODE") or ""
+    try:
+        per_node = expand_tasks_per_node(per_node_text) if per_node_text else [1] * len(nodes)
+    except ValueError as e:
+        raise SlurmError(str(e)) from None
+    if len(per_node) != len(nodes):
+        raise SlurmError(f"SLURM_TASKS_PER_NODE={per_node_text!r} names {len(per_node)} node(s) but "
+                         f"SLURM_JOB_NODELIST={nodelist!r} has {len(nodes)}")
+    return list(zip(nodes, per_node))
+
+
+WARNING_SIGNALS = ("USR1", "USR2")  # what --signal=NAME@SECONDS sends ahead of a time limit
+
+
+def ignore_early_and_late_warnings(names: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """In a Slurm job, ignore the warning signals among ``names`` (``checkpoint.preempt_signals``)
+    while no handler is installed, so that one arriving before the training loop watches for it,
+    or after the loop stopped watching (Slurm sends it up to a minute early, and once per run: a
+    requeued run that finishes first still gets it), does not kill a task that did nothing wrong.
+    The loop's handler replaces this while it runs. TERM and INT keep their default action.
+    Only in the main thread (Python's rule); returns the names now ignored."""
+    import signal
+    import threading
+
+    env = os.environ if environ is None else environ
+    if "SLURM_JOB_ID" not in env or threading.current_thread() is not threading.main_thread():
+        return []
+    ignored = []
+    for name in names:
+        number = getattr(signal, f"SIG{name}", None)
+        if name in WARNING_SIGNALS and number is not None and signal.getsignal(number) is signal.SIG_DFL:
+            signal.signal(number, signal.SIG_IGN)
+            ignored.append(name)
+    return ignored

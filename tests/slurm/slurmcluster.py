@@ -91,9 +91,11 @@ class SlurmCluster(Cluster):
             time.sleep(1)
 
     # -- use ----------------------------------------------------------------------------------
-    def sbatch(self, script: str, *args: str, env: dict[str, str] | None = None) -> int:
-        """``sbatch --parsable ARGS SCRIPT`` from /shared on the controller (the login node): the job id."""
-        proc = self.exec(CONTROLLER, "sbatch", "--parsable", *args, script, env=env)
+    def sbatch(self, *options: str, script: str | None = None, args: tuple[str, ...] | list[str] = (),
+               env: dict[str, str] | None = None) -> int:
+        """``sbatch --parsable OPTIONS [SCRIPT ARGS]`` from /shared on the controller (the login
+        node; ``env`` is the submitting shell's, which the job inherits): the job id."""
+        proc = self.exec(CONTROLLER, "sbatch", "--parsable", *options, *([script] if script else []), *args, env=env)
         return int(proc.stdout.strip().split(";")[0])
 
     def job(self, job_id: int) -> dict[str, str]:
@@ -119,7 +121,7 @@ class SlurmCluster(Cluster):
             if time.monotonic() > deadline:
                 raise AssertionError(f"job {job_id} still {info.get('JobState')} after {timeout} s\n"
                                      + self.job_output(job_id)[-4000:] + self.logs())
-            time.sleep(1)
+            time.sleep(2)
 
     def job_output(self, job_id: int) -> str:
         """The batch script's output file (``slurm-JOBID.out`` in /shared), or ''."""

@@ -182,3 +182,44 @@ def test_two_processes_with_only_slurms_variables_form_one_horovod_job():
     results = sorted((json.loads(o.split("RESULT ", 1)[1].splitlines()[0]) for o in outs), key=lambda r: r["rank"])
     assert results == [{"rank": r, "size": 2, "local_rank": r, "local_size": 2, "cross_size": 1, "sum": 3.0,
                         "controller": "gloo"} for r in (0, 1)]
+
+
+def test_the_allocations_hosts_for_horovodrun(monkeypatch):
+    assert slurm.allocation_hosts({"SLURM_JOB_NODELIST": "n[1-2],g7", "SLURM_TASKS_PER_NODE": "2(x2),1"}) == [
+        ("n1", 2), ("n2", 2), ("g7", 1)]
+    with pytest.raises(SlurmError, match="names 1 node.* but SLURM_JOB_NODELIST='n\\[1-2\\]' has 2"):
+        slurm.allocation_hosts({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "4"})
+    with pytest.raises(SlurmError, match="not inside a Slurm allocation"):
+        slurm.allocation_hosts({})
+    from click.testing import CliRunner
+
+    from hvdtrain.cli import main
+
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2,1")
+    assert CliRunner().invoke(main, ["slurm-hosts"]).output == "n1:2,n2:1\n"
+    assert CliRunner().invoke(main, ["slurm-hosts", "--hostfile"]).output == "n1 slots=2\nn2 slots=1\n"
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+    result = CliRunner().invoke(main, ["slurm-hosts"])
+    assert result.exit_code == 1 and "hvdtrain: error: not inside a Slurm allocation" in result.output
+
+
+def test_a_warning_signal_outside_the_training_loop_is_ignored_in_a_slurm_job():
+    import signal
+
+    before = signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2)
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        assert slurm.ignore_early_and_late_warnings(["USR1", "TERM"], {}) == []  # not a Slurm job
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+        assert slurm.ignore_early_and_late_warnings(["USR1", "TERM"], {"SLURM_JOB_ID": "5"}) == ["USR1"]
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # TERM keeps stopping the task
+        signal.raise_signal(signal.SIGUSR1)  # would end this process with the default action
+        handler = lambda *_: None  # noqa: E731
+        signal.signal(signal.SIGUSR2, handler)
+        assert slurm.ignore_early_and_late_warnings(["USR2"], {"SLURM_JOB_ID": "5"}) == []  # a handler stays
+        assert signal.getsignal(signal.SIGUSR2) is handler
+    finally:
+        signal.signal(signal.SIGUSR1, before[0])
+        signal.signal(signal.SIGUSR2, before[1])

@@ -1,0 +1,222 @@
+"""hvdtrain on a real Slurm cluster: controller ``ctl`` and nodes ``n1``, ``n2`` as containers
+(tests/slurm/slurmcluster.py), jobs submitted with ``sbatch`` from examples/slurm and watched
+with ``squeue``/``scontrol`` as a user would.
+
+* ``srun`` with Gloo self-rendezvous (examples/slurm/srun-gloo.sbatch), both frameworks: one
+  Horovod job of 2 ranks on n1 and n2, every rank's parameters identical (the CLI run through
+  tests/cluster/workers/cli_ranks.py, by the template's HVDTRAIN_COMMAND);
+* ``horovodrun -H $(hvdtrain slurm-hosts)`` inside the allocation (examples/slurm/horovodrun.sbatch,
+  over the nodes' sshd): the same metrics and weights, bitwise, as the srun job;
+* preemption (examples/slurm/requeue.sbatch): a real ``scontrol requeue`` mid-run (torch; SIGTERM
+  to the tasks, Slurm queues the job again) and a time limit whose ``--signal=USR1@60`` warning
+  comes mid-run (TensorFlow; the script requeues on exit 75): each job runs again, continues from
+  its step checkpoint by ``--resume auto`` and ends bitwise equal to the uninterrupted srun job;
+* the singleton trap: ``hvdtrain`` started by the batch script of a 2-task job without srun stops
+  at once with one line naming the fix.
+
+All jobs are submitted at the start and run side by side (4 CPUs per node are configured on 2
+real cores: the slow steps that keep a job running until it is interrupted sleep). A requeued job
+that Slurm holds back (Reason=BeginTime) is released with ``scontrol update StartTime=now``.
+Needs Docker (started, or installed with apt-get as root): under CI=true a missing capability
+fails; elsewhere the module skips with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from cluster.dockerhosts import docker_capability
+from jobs import assert_same_run, checkpoint_weights
+from slurm.slurmcluster import CONTROLLER, SlurmCluster
+
+WHY_NOT = docker_capability()
+if WHY_NOT and os.environ.get("CI") == "true":
+    raise RuntimeError(f"tests/slurm must run in CI but cannot: {WHY_NOT}")
+pytestmark = [pytest.mark.distributed, pytest.mark.resume, pytest.mark.timeout(2400),
+              pytest.mark.skipif(bool(WHY_NOT), reason=f"no Docker: {WHY_NOT}")]
+
+DATA = "/shared/data/mnist-imagefolder"
+# 512 samples / 2 ranks / batch 32 = 8 optimizer steps per epoch, 2 epochs. Decoding in the rank
+# (image.workers=0): Slurm signals every process of a step, and a decoding worker that does not
+# ignore SIGUSR1/SIGTERM dies of it (hvdtrain/data/workers.py).
+TRAIN = ["--epochs", "2", "--data", DATA, "--batch-size", "32", "--set", "data.max_train_samples=512",
+         "--set", "data.max_val_samples=64", "--set", "train.log_every=0", "--set", "train.deterministic=true",
+         "--set", "checkpoint.every_steps=5", "--set", "image.workers=0"]
+CLI_RANKS = "python /opt/hvdtrain/tests/cluster/workers/cli_ranks.py"
+# the first run of a job steps slowly, so that it is still training when it is interrupted; the
+# requeued run goes at full speed
+SLOW_FIRST_RUN = """#!/bin/bash
+if [[ "${SLURM_RESTART_COUNT:-0}" == 0 ]]; then export HVDTRAIN_FAULT="slow:step=2:ms=$SLOW_MS"; fi
+exec hvdtrain "$@"
+"""
+
+
+def recipe(framework: str, name: str) -> list[str]:
+    return ["recipe", "image-classification", "--framework", framework, "--output", f"/shared/runs/{name}", *TRAIN]
+
+
+class Jobs:
+    """The module's jobs by name, and a thread that plays the cluster's side: ``scontrol requeue``
+    of the requeue job once its step-5 checkpoint exists, and the release of requeued jobs."""
+
+    def __init__(self, cluster: SlurmCluster):
+        self.cluster = cluster
+        self.ids: dict[str, int] = {}
+        self.events: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def submit(self, name: str, script: str, args: list[str], *sbatch: str, **env: str) -> None:
+        self.ids[name] = self.cluster.sbatch("--job-name", name, *sbatch, script=f"/opt/hvdtrain/examples/slurm/{script}",
+                                             args=args, env=env)
+
+    def _watch(self) -> None:
+        started = time.monotonic()
+        step5 = self.cluster.shared() / "runs" / "requeue-torch" / "checkpoints" / "step-00000005"
+        while not self.stop.wait(1):
+            if "requeued" not in self.events and step5.is_dir():
+                self.cluster.exec(CONTROLLER, "scontrol", "requeue", str(self.ids["requeue-torch"]))
+                self.events["requeued"] = time.monotonic() - started
+            pending = self.cluster.exec(CONTROLLER, "squeue", "-h", "-t", "PENDING", "-o", "%i %r", check=False).stdout
+            for line in pending.splitlines():
+                job, _, reason = line.partition(" ")
+                if reason == "BeginTime" and int(job) in self.ids.values():
+                    self.cluster.exec(CONTROLLER, "scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+                    self.events[f"released {job}"] = time.monotonic() - started
+
+    def wait(self, name: str, timeout: float = 900) -> dict[str, str]:
+        """The job's final ``scontrol show job`` record (COMPLETED or not: the test says what it expects)."""
+        return self.cluster.wait_job(self.ids[name], timeout=timeout)
+
+    def output(self, name: str) -> str:
+        return self.cluster.job_output(self.ids[name])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    slurm.build()
+    try:
+        slurm.start()
+        slurm.exec("n1", "python", "-c", "from pathlib import Path; from recipes.image_classification.data "
+                   "import embedded_mnist; print(embedded_mnist(Path('/shared/data')))", timeout=600)
+        yield slurm
+    finally:
+        slurm.remove()
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster):
+    """Every job of the module, submitted at once (Slurm runs them side by side)."""
+    shared = cluster.shared()
+    (shared / "slow-first-run.sh").write_text(SLOW_FIRST_RUN)
+    (shared / "slow-first-run.sh").chmod(0o755)
+    queue = Jobs(cluster)
+    for framework in ("torch", "tensorflow"):
+        queue.submit(f"gloo-{framework}", "srun-gloo.sbatch", recipe(framework, f"gloo-{framework}"),
+                     HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/gloo-{framework}.ranks.json {framework} --")
+    queue.submit("requeue-torch", "requeue.sbatch", recipe("torch", "requeue-torch"),
+                 HVDTRAIN_COMMAND="/shared/slow-first-run.sh", SLOW_MS="2000")
+    # Slurm sends the warning up to a minute early: at 60-120 s of the 3 minutes; the first run
+    # (8 s a step) is then training, whatever the start-up took on a busy machine
+    queue.submit("limit-tensorflow", "requeue.sbatch", recipe("tensorflow", "limit-tensorflow"), "--time=3",
+                 "--signal=USR1@60", HVDTRAIN_COMMAND="/shared/slow-first-run.sh", SLOW_MS="8000")
+    queue.submit("horovodrun-torch", "horovodrun.sbatch", recipe("torch", "horovodrun-torch"),
+                 HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/horovodrun-torch.ranks.json torch --",
+                 HVDTRAIN_SSH_PORT="2222")
+    queue.thread.start()
+    yield queue
+    queue.stop.set()
+    queue.thread.join(timeout=30)
+
+
+def metrics(cluster: SlurmCluster, name: str) -> list[dict]:
+    path = cluster.shared() / "runs" / name / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def ranks(cluster: SlurmCluster, name: str) -> list[dict]:
+    return json.loads((cluster.shared() / "runs" / f"{name}.ranks.json").read_text())["ranks"]
+
+
+def final_weights(cluster: SlurmCluster, name: str, framework: str) -> dict:
+    return checkpoint_weights(cluster.shared() / "runs" / name / "checkpoints" / "epoch-0002", framework)
+
+
+def assert_completed(jobs: Jobs, name: str, restarts: int | None = 0) -> tuple[str, dict[str, str]]:
+    """The job ended COMPLETED with exit 0 (after ``restarts`` requeues; None: any), trained to the
+    end once (an interrupted run prints where it stopped instead); its output and record."""
+    info = jobs.wait(name)
+    out = jobs.output(name)
+    assert info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", (info, out[-6000:])
+    if restarts is not None:
+        assert int(info["Restarts"]) == restarts, (info, out[-6000:])
+    assert out.count("hvdtrain: done") == 1, out[-6000:]
+    return out, info
+
+
+def assert_same_as_srun(cluster: SlurmCluster, name: str, framework: str) -> None:
+    rows, reference = metrics(cluster, name), metrics(cluster, f"gloo-{framework}")
+    assert [r["epoch"] for r in rows] == [1, 2] == [r["epoch"] for r in reference], (rows, reference)
+    assert_same_run(final_weights(cluster, f"gloo-{framework}", framework), final_weights(cluster, name, framework),
+                    cluster.shared() / "runs" / f"gloo-{framework}", cluster.shared() / "runs" / name)
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_srun_forms_one_gloo_job_from_slurms_variables(cluster, jobs, framework):
+    out, _ = assert_completed(jobs, f"gloo-{framework}")
+    assert "hvdtrain: workers on n1 (ranks 0), n2 (ranks 1)" in out, out[-4000:]
+    assert f"image-classification/{framework} on 2 worker(s)" in out, out[-4000:]
+    report = ranks(cluster, f"gloo-{framework}")
+    assert [(r["rank"], r["host"]) for r in report] == [(0, "n1"), (1, "n2")], report
+    assert len({r["params_sha256"] for r in report}) == 1, report  # bitwise identical on both ranks
+    rows = metrics(cluster, f"gloo-{framework}")
+    assert [r["epoch"] for r in rows] == [1, 2] and rows[-1]["world_size"] == 2, rows
+
+
+def test_horovodrun_inside_the_allocation_matches_srun(cluster, jobs):
+    out, _ = assert_completed(jobs, "horovodrun-torch")
+    assert "hvdtrain: horovodrun -np 2 -H n1:1,n2:1:" in out, out[-4000:]  # hvdtrain slurm-hosts
+    assert "hvdtrain: workers on n1 (ranks 0), n2 (ranks 1)" in out, out[-4000:]
+    assert ranks(cluster, "horovodrun-torch") == ranks(cluster, "gloo-torch")
+    assert_same_as_srun(cluster, "horovodrun-torch", "torch")
+
+
+def test_scontrol_requeue_mid_run_continues_bitwise(cluster, jobs):
+    out, _ = assert_completed(jobs, "requeue-torch", restarts=1)
+    assert "requeued" in jobs.events, (jobs.events, out[-6000:])
+    first, second = out.split(" run 2 on ")
+    assert "DUE TO JOB REQUEUE" in first and "rank 0: SIGTERM received" in first, first[-4000:]
+    assert "SIGTERM received: stopped every rank after optimizer step" in first, first[-4000:]
+    assert "Exited with exit code 75" in first, first[-4000:]
+    stopped = first.split("saved step checkpoint /shared/runs/requeue-torch/checkpoints/")[1].split(";")[0]
+    assert "step-00000005" < stopped < "step-00000016", stopped  # after the requeue, before the end
+    assert f"resuming from /shared/runs/requeue-torch/checkpoints/{stopped}" in second
+    assert_same_as_srun(cluster, "requeue-torch", "torch")
+
+
+def test_time_limit_warning_checkpoints_requeues_and_continues_bitwise(cluster, jobs):
+    out, info = assert_completed(jobs, "limit-tensorflow", restarts=None)
+    assert int(info["Restarts"]) >= 1, (info, out[-6000:])  # a second warning in a run 2 may requeue it again
+    assert "SIGUSR1 received: stopped every rank after optimizer step" in out, out[-6000:]
+    assert "stopped at a checkpoint (exit 75): back to the queue" in out, out[-6000:]
+    assert "resuming from /shared/runs/limit-tensorflow/checkpoints/" in out, out[-6000:]
+    assert "DUE TO TIME LIMIT" not in out, out[-6000:]  # stopped by hvdtrain before Slurm's limit
+    assert_same_as_srun(cluster, "limit-tensorflow", "tensorflow")
+
+
+def test_a_process_started_by_the_batch_script_alone_is_refused(cluster, jobs):
+    job = cluster.sbatch("--nodes=2", "--ntasks=2", "--wrap",
+                         f"hvdtrain recipe image-classification --output /shared/runs/alone --data {DATA}")
+    info = cluster.wait_job(job, timeout=600)
+    out = cluster.job_output(job)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", (info, out)
+    assert "hvdtrain: error: this process runs in the batch script of Slurm job" in out, out
+    assert "(SLURM_NTASKS=2) but no launcher started it" in out and "`srun hvdtrain ...`" in out, out
+    assert "Traceback" not in out, out
+    assert not (cluster.shared() / "runs" / "alone" / "metrics.jsonl").exists()
