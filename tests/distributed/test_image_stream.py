@@ -5,11 +5,13 @@ its own lane of whole shards through a spool of 2; a run whose rank 1 is killed 
 from its step checkpoint and ends bitwise equal to an uninterrupted run; no spool folder is left
 behind (the killed run's are removed by the resumed run)."""
 
-import importlib.util
+import io
+import json
 import os
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
 import urllib.request
 
@@ -24,7 +26,6 @@ if (not photo_tree.available() or not NGINX) and os.environ.get("CI") != "true":
     pytest.skip("needs scikit-image's photos (scripts/install.sh) and nginx (scripts/http-server.sh --setup)",
                 allow_module_level=True)
 
-STORES = REPO / "tests" / "distributed" / "workers" / "image_stores.py"
 SHARDS = 6  # per split: 3 per lane
 # 120 training photos / 2 ranks / batch 16 = 4 steps per epoch (the last of 12); a checkpoint every
 # 2 steps; the kill at step 7 (in epoch 2) leaves step-00000006 as the latest.
@@ -37,15 +38,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def write_tars(tree, dest):
+    """WebDataset tars (``<key>.jpg`` + ``<key>.cls``, written with tarfile) of each split of a photo
+    tree, the samples of a split dealt over :data:`SHARDS` shards, and a manifest with the classes."""
+    classes = sorted(os.listdir(tree / "train"))
+    for split in ("train", "val"):
+        files = [(c, f) for c in classes for f in sorted(os.listdir(tree / split / c))]
+        (dest / split).mkdir(parents=True)
+        for k in range(SHARDS):
+            with tarfile.open(dest / split / f"{split}-{k:06d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+                for cls, name in files[k::SHARDS]:
+                    key = f"{cls}_{name.split('.')[0]}"
+                    for member, data in ((f"{key}.jpg", (tree / split / cls / name).read_bytes()),
+                                         (f"{key}.cls", str(classes.index(cls)).encode())):
+                        info = tarfile.TarInfo(member)
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+    (dest / "manifest.json").write_text(json.dumps({"format": "webdataset", "classes": classes}))
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """Photo tars (4 classes, 30 + 8 photos each) served over HTTP with range requests."""
-    spec = importlib.util.spec_from_file_location("image_stores", STORES)
-    stores = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stores)
     base = tmp_path_factory.mktemp("served")
     tree = photo_tree.make_tree(base / "photos", classes=4, train=30, val=8, size=(200, 150))
-    stores.write_tars(tree, base / "wds", shards=SHARDS)
+    write_tars(tree, base / "wds")
     port = free_port()
     proc = subprocess.Popen([str(REPO / "scripts" / "http-server.sh"), str(base), str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
