@@ -286,6 +286,8 @@ def test_recipe_streams_remote_shards_named_by_url_or_listed_by_a_convert_manife
     with pytest.raises(DataError, match=r"image.val_shards is not set: remote data \(http://.*/wds\) cannot be "
                                         r"searched"):
         load_image_folder(f"{url}/wds", ImageConfig(train_shards="train/train-{000000..000003}.tar"), seed=3)
+    with pytest.raises(DataError, match=r"image.read=stream reads shards; .*/folder/train is an ImageFolder tree"):
+        load_image_folder(base / "folder", ImageConfig(read="stream", workers=0), seed=3)
     listed, listed_val, _ = load_image_folder(f"{url}/conv", ImageConfig(size=32, workers=0), seed=3, world_size=2)
     assert (len(listed), len(listed_val), listed.index.kind, len(listed.index.shards)) == (24, 9, "row", 3)
     assert listed.stream is not None and listed.get_batch(np.arange(4), 0)[0].shape == (4, 32, 32, 3)
