@@ -21,7 +21,7 @@ is cached per host like an ImageFolder's (:mod:`hvdtrain.data.entries`), keyed b
 path, size and modification time.
 
 Remote shards (URLs, :mod:`hvdtrain.data.remote`) are indexed the same way: a tar or Arrow file is
-copied once to a temporary local file, scanned there and deleted (reading tar headers one range
+copied once to a temporary local file (:data:`SCAN_DOWNLOADS` at a time), scanned there and deleted (reading tar headers one range
 request each would cost a request per member); a Parquet file's footer and label column are read
 by range requests. The cache key holds each URL's size and ETag (or Last-Modified).
 """
@@ -34,6 +34,7 @@ import json
 import os
 import tarfile
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,7 @@ TAR_IMAGES = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "gif", "tif", "tiff")
 IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMNS = ("label", "labels")
 SHARD_INDEX_VERSION = 1
+SCAN_DOWNLOADS = 4  # remote tar/Arrow shards copied at once while the index is built
 
 
 class Scan:
@@ -438,15 +440,16 @@ def _fingerprint(fmt: str, shards: list, options: list) -> str:
 
 
 @contextlib.contextmanager
-def _scannable(shard, fmt: str, scratch: str):
-    """A local path of ``shard`` to scan: the shard itself, or for a remote tar or Arrow file a
-    temporary copy (deleted afterwards; errors name the URL). Remote Parquet is read in place."""
-    if not remote.is_url(shard) or fmt == "parquet":
+def _scannable(shard, download: tuple[Future, str] | None):
+    """A local path of ``shard`` to scan: the shard itself, or the temporary copy ``download``
+    (``(its download, its path)``) made of a remote tar or Arrow file, deleted afterwards; errors
+    name the URL."""
+    if download is None:
         yield shard
         return
-    copy = os.path.join(scratch, os.path.basename(shard.rstrip("/")) or "shard")
-    remote.fetch(shard, copy)
+    future, copy = download
     try:
+        future.result()
         yield Path(copy)
     except DataError as exc:
         raise DataError(str(exc).replace(copy, shard)) from None
@@ -458,15 +461,26 @@ def _scannable(shard, fmt: str, scratch: str):
 def _build(fmt: str, shards: list, root, classes: list[str] | None, image_column: str | None,
            label_column: str | None) -> tuple[dict, dict]:
     scan = Scan()
+    copied = [remote.is_url(s) and fmt != "parquet" for s in shards]  # remote Parquet: footers read in place
+    downloads: dict[int, tuple[Future, str]] = {}
     with tempfile.TemporaryDirectory(prefix="hvdtrain-scan-") as scratch:
-        for i, shard in enumerate(shards):
-            with _scannable(shard, fmt, scratch) as path:
-                if fmt == "webdataset":
-                    scan_tar(path, i, scan)
-                elif fmt == "parquet":
-                    scan_parquet(path, i, scan, image_column, label_column)
-                else:
-                    scan_arrow(path, i, scan, image_column, label_column)
+        pool = ThreadPoolExecutor(SCAN_DOWNLOADS, thread_name_prefix="hvdtrain-scan") if any(copied) else None
+        try:
+            for i, shard in enumerate(shards):
+                for j in range(i, min(i + SCAN_DOWNLOADS, len(shards))):  # the next few copies, under way
+                    if copied[j] and j not in downloads:
+                        copy = os.path.join(scratch, f"{j:06d}-{os.path.basename(shards[j].rstrip('/')) or 'shard'}")
+                        downloads[j] = (pool.submit(remote.fetch, shards[j], copy), copy)
+                with _scannable(shard, downloads.pop(i, None)) as path:
+                    if fmt == "webdataset":
+                        scan_tar(path, i, scan)
+                    elif fmt == "parquet":
+                        scan_parquet(path, i, scan, image_column, label_column)
+                    else:
+                        scan_arrow(path, i, scan, image_column, label_column)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
     if not scan.keys:
         raise DataError(f"the {fmt} shards {shards[0]} ... hold no samples")
     declared = manifest_classes(shards) if fmt == "webdataset" else scan.names
