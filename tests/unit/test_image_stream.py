@@ -128,7 +128,14 @@ def test_the_loops_order_is_replaced_by_the_plan_position_for_position(tmp_path,
     rest = sharding.train_shard(n, 1, world, 1, 11, True, remainder, start=start)
     straight = sharding.train_shard(n, 1, world, 1, 11, True, remainder)
     assert fresh.samples(rest, 1).tolist() == streams[1].samples(straight, 1)[2 * batch:].tolist()
-    for stream in [*streams, fresh]:
+    # ... and on another world size (2 ranks, the plan's 3 lanes kept: image.stream_lanes), the rest of
+    # the epoch in the same order, dealt anew (the loop pads or drops to whole rounds of 2)
+    others = [local_stream(tmp_path / f"other{r}", world) for r in range(2)]
+    dealt = [others[r].samples(sharding.train_shard(n, r, 2, 1, 11, True, remainder, start=start), 1) for r in range(2)]
+    rest = np.stack(dealt, axis=1).reshape(-1)
+    positions = np.arange(sharding.shard_size(n, 2, remainder) * 2)[start:]  # the loop's positions, padding past n
+    assert rest.tolist() == streams[0].plan.epoch(1).order[positions % n].tolist()
+    for stream in [*streams, fresh, *others]:
         stream.close()
 
 
