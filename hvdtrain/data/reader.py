@@ -138,7 +138,7 @@ class SampleReader:
             if path is None:
                 from hvdtrain.data import remote
 
-                with remote.open_file(str(self.location(shard))) as source:
+                with remote.open_file(str(self.location(shard)), reading=True) as source:
                     table = pq.ParquetFile(source).read_row_group(group, columns=[self.column])
             else:
                 table = pq.ParquetFile(path).read_row_group(group, columns=[self.column])

@@ -32,6 +32,10 @@ class RemoteError(RuntimeError):
     """A remote read failed (after :data:`ATTEMPTS` tries): never taken for an undecodable image."""
 
 
+class _Local(Exception):
+    """A local file's OSError inside a download (carried past the retries of network failures)."""
+
+
 def is_url(location: str | os.PathLike) -> bool:
     """True for ``scheme://...`` other than ``file://`` (a local path otherwise)."""
     text = os.fspath(location)
@@ -63,22 +67,45 @@ def filesystem(url: str):
         return fs
 
 
+def _not_found(exc: BaseException) -> bool:
+    """True if ``exc`` says the file does not exist (fsspec's HTTP backend raises FileNotFoundError
+    for any failure: the cause tells a 404 from a refused connection)."""
+    if not isinstance(exc, FileNotFoundError):
+        return False
+    cause = exc.__cause__ or exc.__context__
+    return cause is None or isinstance(cause, FileNotFoundError) or getattr(cause, "status", None) in (404, 410)
+
+
 def _error(url: str, exc: BaseException, doing: str) -> Exception:
-    if isinstance(exc, FileNotFoundError):
+    """What a failed remote call raises: DataError when the file does not exist or the server
+    refuses it (bad input, named), RemoteError for a transport failure."""
+    if _not_found(exc):
         return DataError(f"shard {url} does not exist (the server answered not found while {doing})")
-    return RemoteError(f"shard {url}: {doing} failed: {type(exc).__name__}: {exc}")
+    cause = exc.__cause__ or exc.__context__ if isinstance(exc, FileNotFoundError) else exc
+    status = getattr(cause, "status", None)
+    if status is not None:
+        return DataError(f"shard {url}: the server answered {status} while {doing} ({cause})")
+    return RemoteError(f"shard {url} cannot be reached ({doing}): {type(cause).__name__}: {cause}")
 
 
-def _retried(url: str, doing: str, call):
-    """``call()``, tried :data:`ATTEMPTS` times (not found is not retried)."""
+def _retried(url: str, doing: str, call, reading: bool = False, first: bool = False):
+    """``call()``, tried :data:`ATTEMPTS` times (a file that does not exist: once). ``reading``: a
+    sample's read, whose every failure is a :class:`RemoteError` (never taken for a bad image);
+    ``first``: the first contact with the URL, where a server that cannot be reached is bad input
+    (a DataError naming it)."""
     for attempt in range(ATTEMPTS):
         try:
             return call()
-        except (FileNotFoundError, DataError, InterruptedError):
+        except (DataError, InterruptedError, _Local):
             raise
         except Exception as exc:  # noqa: BLE001  (aiohttp/botocore errors have no common base)
-            if attempt == ATTEMPTS - 1:
-                raise _error(url, exc, doing) from None
+            if attempt == ATTEMPTS - 1 or _not_found(exc):
+                error = _error(url, exc, doing)
+                if reading:
+                    error = RemoteError(str(error))
+                elif first:
+                    error = DataError(str(error))
+                raise error from None
             time.sleep(2 ** attempt)
 
 
@@ -140,10 +167,7 @@ def expand(pattern: str, extensions: tuple[str, ...] = ()) -> list[str]:
 def stat(url: str) -> tuple[int, str]:
     """``(size, version)`` of a remote file: the version is its ETag or modification time (what
     the server says), so a changed file changes the index's cache key."""
-    try:
-        info = _retried(url, "asking its size", lambda: filesystem(url).info(url))
-    except FileNotFoundError as exc:
-        raise _error(url, exc, "asking its size") from None
+    info = _retried(url, "asking its size", lambda: filesystem(url).info(url), first=True)
     size = info.get("size")
     if size is None:
         raise DataError(f"shard {url}: the server does not say its size (no Content-Length); random access and "
@@ -156,18 +180,13 @@ def stat(url: str) -> tuple[int, str]:
 def read_range(url: str, offset: int, length: int) -> bytes:
     """Bytes ``[offset, offset + length)`` of ``url`` (one range request)."""
     doing = f"reading bytes {offset:,}-{offset + length:,}"
-    try:
-        return _retried(url, doing, lambda: filesystem(url).cat_file(url, start=offset, end=offset + length))
-    except FileNotFoundError as exc:
-        raise _error(url, exc, doing) from None
+    return _retried(url, doing, lambda: filesystem(url).cat_file(url, start=offset, end=offset + length), True)
 
 
-def open_file(url: str):
-    """A seekable binary file of ``url`` (range requests as it is read; for Parquet footers and row groups)."""
-    try:
-        return _retried(url, "opening", lambda: filesystem(url).open(url, "rb", block_size=FETCH_CHUNK))
-    except FileNotFoundError as exc:
-        raise _error(url, exc, "opening") from None
+def open_file(url: str, reading: bool = False):
+    """A seekable binary file of ``url`` (range requests as it is read; for Parquet footers and row
+    groups); ``reading``: a sample's read (failures are :class:`RemoteError`)."""
+    return _retried(url, "opening", lambda: filesystem(url).open(url, "rb", block_size=FETCH_CHUNK), reading)
 
 
 def fetch(url: str, dest: str, size: int | None = None, stop: threading.Event | None = None,
@@ -179,21 +198,28 @@ def fetch(url: str, dest: str, size: int | None = None, stop: threading.Event | 
 
     def copy() -> int:
         written = 0
-        with filesystem(url).open(url, "rb", block_size=0) as src, open(part, "wb") as out:  # one streamed GET
+        try:
+            out = open(part, "wb")
+        except OSError as exc:
+            raise _Local(exc) from None
+        with filesystem(url).open(url, "rb", block_size=0) as src, out:  # one streamed GET
             while True:
                 if stop is not None and stop.is_set():
                     raise InterruptedError(f"download of {url} stopped")
                 chunk = src.read(FETCH_CHUNK)
                 if not chunk:
                     return written
-                out.write(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as exc:
+                    raise _Local(exc) from None
                 written += len(chunk)
 
     try:
         written = _retried(url, "downloading", copy)
-    except FileNotFoundError as exc:
+    except _Local as local:
         _remove(part)
-        raise _error(url, exc, "downloading") from None
+        raise local.args[0] from None  # the local disk's error (full, read-only), not the server's
     except BaseException:
         _remove(part)
         raise

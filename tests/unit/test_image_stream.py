@@ -320,3 +320,14 @@ def test_missing_and_truncated_remote_shards_are_named_by_url(served):
         tar.addfile(info, fileobj=__import__("io").BytesIO(b"abc"))
     with pytest.raises(DataError, match=rf"shard {url}/wds/cut/nolabel.tar: sample 'k1' has no label"):
         load_shard_index([f"{url}/wds/cut/nolabel.tar"], "webdataset")
+
+
+def test_remote_failures_name_the_url_and_are_never_taken_for_bad_images(monkeypatch):
+    monkeypatch.setattr(remote, "ATTEMPTS", 2)
+    port = free_port()  # nothing listens there
+    url = f"http://127.0.0.1:{port}/wds/train-000000.tar"
+    with pytest.raises(DataError, match=rf"shard {url} cannot be reached \(asking its size\): ClientConnectorError"):
+        load_shard_index([url], "webdataset")
+    with pytest.raises(remote.RemoteError, match=rf"shard {url} cannot be reached \(reading bytes 0-10\)"):
+        remote.read_range(url, 0, 10)  # a sample's read: a RuntimeError, not one of the decoder's errors
+    assert not issubclass(remote.RemoteError, (OSError, ValueError))
