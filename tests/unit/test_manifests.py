@@ -59,6 +59,7 @@ class Image:
     dockerfile: Path
     entrypoint: list[str]
     exposed: set[int]
+    frameworks: set[str]  # those its Horovod is built for
 
 
 @dataclass
@@ -94,7 +95,10 @@ def image_tags() -> dict[str, Image]:
         steps = _dockerfile_instructions(REPO / dockerfile)
         entry = yaml.safe_load(next(args for keyword, args in steps if keyword == "ENTRYPOINT"))
         exposed = {int(port) for keyword, args in steps if keyword == "EXPOSE" for port in args.split()}
-        images[tag] = Image(tag, REPO / dockerfile, entry, exposed)
+        runs = " ".join(args for keyword, args in steps if keyword == "RUN")
+        frameworks = {name for name in ("torch", "tensorflow")
+                      if f"HOROVOD_WITHOUT_{'PYTORCH' if name == 'torch' else 'TENSORFLOW'}=1" not in runs}
+        images[tag] = Image(tag, REPO / dockerfile, entry, exposed, frameworks)
     return images
 
 
@@ -224,14 +228,19 @@ def hvdtrain_args(args: list[str]) -> list[str] | None:
     return None
 
 
-def check_recipe(pod: Pod) -> list[str]:
-    """The hvdtrain command line parses with the real CLI and its config loads (--keys: no training)."""
+def check_recipe(pod: Pod, images: dict[str, Image]) -> list[str]:
+    """The hvdtrain command line parses with the real CLI and its config loads (--keys: no training);
+    its framework is one the image's Horovod is built for."""
     args = hvdtrain_args(pod.container.get("args") or [])
     if not args or args[0] != "recipe":
         return []
     result = CliRunner().invoke(hvdtrain_cli, [*args, "--keys"])
     if result.exit_code != 0:
         return [f"{pod.name}: `hvdtrain {' '.join(args)}` fails: {result.output.strip().splitlines()[-1:]}"]
+    framework = re.search(r"^\s*framework = '(\w+)'", result.output, re.M).group(1)
+    image = images.get(pod.container["image"].rsplit("/", 1)[-1])
+    if image and framework not in image.frameworks:
+        return [f"{pod.name}: {image.tag} has no {framework} (its Horovod: {sorted(image.frameworks)})"]
     return []
 
 
@@ -328,7 +337,7 @@ def check_document(doc: dict, runtimes: dict[str, dict], images: dict[str, Image
     pods = pods_of(doc, runtimes)
     problems = []
     for pod in pods:
-        problems += check_command(pod, images, entry) + check_recipe(pod)
+        problems += check_command(pod, images, entry) + check_recipe(pod, images)
         problems += check_paths(pod, [p for p in pods if p.runs_ranks])
     policy = runtimes[_runtime_name(doc)] if _runtime_name(doc) else doc  # the MPIJob, or the TrainJob's runtime
     problems += check_ssh(policy, pods, images, entry) + check_start_order(policy, pods)
@@ -374,6 +383,7 @@ def test_every_manifest_parses_and_is_a_known_kind(world):
 def test_the_images_the_manifests_name_are_the_ones_make_builds(world):
     _, _, _, images, entry = world
     assert {"hvdtrain:cpu", "hvdtrain:gpu"} <= set(images)
+    assert images["hvdtrain:cpu"].frameworks == {"torch", "tensorflow"} and images["hvdtrain:gpu"].frameworks == {"torch"}
     for image in images.values():
         assert image.entrypoint[-1] == "/opt/hvdtrain/docker/entrypoint.sh" and in_image(image.entrypoint[-1], image)
         assert entry.ssh_port in image.exposed, image
@@ -444,6 +454,8 @@ BREAKAGES = {
                   "none of the images make builds"),
     "path in image": (lambda d, r: _worker(d, r).update(args=["bash", "/opt/hvdtrain/docker/start-worker.sh"]),
                       "/opt/hvdtrain/docker/start-worker.sh does not exist in hvdtrain:gpu"),
+    "framework": (lambda d, r: _set(_launcher_args(d, r), "--framework", "tensorflow"),
+                  "hvdtrain:gpu has no tensorflow"),
     "output off the volume": (lambda d, r: _set(_launcher_args(d, r), "--output", "/runs/imagenet"),
                               "--output /runs/imagenet is on no volume"),
 }
