@@ -288,9 +288,8 @@ class Stream:
         self.plan = StreamPlan(shard_of, len(locations), lanes, seed, shuffle and train)
         self.spool = Spool(locations, max_bytes, max_shards, spool_dir)
         self._inverse: tuple[int, np.ndarray] | None = None
-        self._cursor: dict[int, int] = {}   # lane -> furthest segment read whole this epoch
         self._epoch: int | None = None
-        self._last = -1                     # the furthest position handed out this epoch
+        self._last = -1                     # the last position handed out this epoch
 
     @property
     def folder(self) -> str:
@@ -300,7 +299,7 @@ class Stream:
     def _positions(self, indices: np.ndarray, epoch: int) -> np.ndarray:
         """The epoch positions of the loop's ``indices``: the inverse of its order; an index the
         padding repeats (it then has two positions, ``p`` and ``count + p``) gets the one nearer the
-        batch's other positions (the padding comes last)."""
+        batch's other positions (the padding comes last; a batch of one is placed by the batch before it)."""
         if not self.train:
             return indices.copy()
         if self._inverse is None or self._inverse[0] != epoch:
@@ -309,7 +308,7 @@ class Stream:
             inverse[order] = np.arange(self.count, dtype=np.int64)
             self._inverse = (epoch, inverse)
         positions = self._inverse[1][indices]
-        reference = max(self._last, int(np.median(positions)))
+        reference = float(np.median(positions)) if len(positions) > 1 else self._last
         late = positions + self.count
         pick = np.abs(late - reference) < np.abs(positions - reference)
         return np.where(pick, late, positions)
@@ -319,25 +318,23 @@ class Stream:
         making sure the shards they stream from are spooled (or reading them remotely)."""
         indices = np.asarray(indices, dtype=np.int64)
         if epoch != self._epoch:
-            self._epoch, self._cursor, self._last = epoch, {}, -1
+            self._epoch, self._last = epoch, -1
         plan = self.plan.epoch(epoch if self.train else 0)
         positions = self._positions(indices, epoch)
-        self._last = max(self._last, int(positions.max(initial=-1)))
+        self._last = int(positions.max(initial=self._last))
         inside = positions[positions < self.count]  # the padding (past the end) re-reads: range requests
         self._spool(plan, inside)
         return plan.order[np.where(positions < self.count, positions, positions - self.count)]
 
     def _spool(self, plan: EpochPlan, positions: np.ndarray) -> None:
+        """Spool the shards of ``positions`` (in lane order) and read ahead in their lanes."""
         segments = plan.segments_of(positions)
         needed: list[int] = []
         fronts: dict[int, int] = {}
         for seg in sorted(set(segments.tolist())):
-            lane = int(plan.seg_lane[seg])
-            if seg < self._cursor.get(lane, -1):
-                continue  # behind this lane's stream: a re-read, by range request
             needed.append(int(plan.seg_shard[seg]))
+            lane = int(plan.seg_lane[seg])
             fronts[lane] = max(fronts.get(lane, -1), seg)
-        self._cursor.update(fronts)
         ahead, follow = [], {lane: seg + 1 for lane, seg in fronts.items()}
         while follow and len(ahead) < self.spool.max_shards:
             for lane in sorted(follow):
