@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import sys
 import threading
 import time
 
@@ -180,7 +181,24 @@ def stat(url: str) -> tuple[int, str]:
 def read_range(url: str, offset: int, length: int) -> bytes:
     """Bytes ``[offset, offset + length)`` of ``url`` (one range request)."""
     doing = f"reading bytes {offset:,}-{offset + length:,}"
-    return _retried(url, doing, lambda: filesystem(url).cat_file(url, start=offset, end=offset + length), True)
+    data = _retried(url, doing, lambda: filesystem(url).cat_file(url, start=offset, end=offset + length), True)
+    if len(data) > length and len(data) >= offset + length:  # a 200 with the whole file: Range ignored
+        _warn_once(url.partition("://")[2].partition("/")[0],
+                   f"hvdtrain: the server of {url} ignores HTTP range requests (it sends whole files): every "
+                   f"sample read at random downloads its whole shard. Serve the shards with range requests "
+                   f"(nginx: scripts/http-server.sh ROOT PORT) or stream them (image.read=stream)")
+        data = data[offset:offset + length]
+    return data
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Print ``message`` on stderr once per process and ``key``."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        print(message, file=sys.stderr, flush=True)
 
 
 def open_file(url: str, reading: bool = False):

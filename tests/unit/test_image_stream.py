@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import time
 import urllib.request
@@ -332,3 +333,26 @@ def test_remote_failures_name_the_url_and_are_never_taken_for_bad_images(monkeyp
     with pytest.raises(remote.RemoteError, match=rf"shard {url} cannot be reached \(reading bytes 0-10\)"):
         remote.read_range(url, 0, 10)  # a sample's read: a RuntimeError, not one of the decoder's errors
     assert not issubclass(remote.RemoteError, (OSError, ValueError))
+
+
+@needs_photos
+@needs_server
+def test_a_server_without_range_requests_is_read_correctly_and_named(served, capfd):
+    base, _ = served
+    port = free_port()
+    plain = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=base,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/wds/train/train-000000.tar"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(url, timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        data = (base / "wds" / "train" / "train-000000.tar").read_bytes()
+        assert remote.read_range(url, 1536, 700) == data[1536:2236]  # the whole file came: the span cut from it
+        assert "ignores HTTP range requests" in capfd.readouterr().err
+    finally:
+        plain.terminate()
+        plain.wait(timeout=10)
