@@ -5,7 +5,10 @@
   by every rank; :mod:`hvdtrain.data.shards` indexes WebDataset tars, Parquet and Arrow shards
   (:mod:`hvdtrain.data.braces` expands shard patterns).
 * :mod:`hvdtrain.data.reader`: reads a sample's encoded bytes wherever the index says it is (a
-  file, a byte span of a shard, a Parquet row).
+  file, a byte span of a shard, a Parquet row), locally or from a URL (:mod:`hvdtrain.data.remote`:
+  fsspec, range requests).
+* :mod:`hvdtrain.data.stream`: streaming mode for remote shards: a per-epoch plan of whole shards
+  cut into lanes (one per rank), read ahead into a bounded local spool.
 * :mod:`hvdtrain.data.transforms`: the transform policies (ImageNet RandomResizedCrop + flip,
   resize + centre crop, pad-and-crop for small images), every random draw from
   ``(seed, epoch, sample index)`` alone.
