@@ -141,6 +141,17 @@ if [[ -f "$repo/scripts/mlflow-server.sh" ]]; then
   say "the MLflow tracking server's own venv (.venv-mlflow)"
   bash "$repo/scripts/mlflow-server.sh" --setup
 fi
+# the HTTP server with range requests (Debian's nginx) the remote-shard tests start: installed with
+# apt-get when missing, which needs root; without root the note says how
+if [[ -f "$repo/scripts/http-server.sh" ]]; then
+  if command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]]; then :
+  elif [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    say "nginx for the remote-shard tests (scripts/http-server.sh --setup)"
+    bash "$repo/scripts/http-server.sh" --setup
+  else
+    say "note: nginx is not installed (the remote-shard tests need it: sudo apt-get install nginx)"
+  fi
+fi
 
 say "checking the Horovod build"
 "$venv/bin/horovodrun" --check-build

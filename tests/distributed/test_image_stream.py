@@ -9,15 +9,12 @@ import io
 import json
 import os
 import shutil
-import socket
-import subprocess
 import tarfile
-import time
-import urllib.request
 
 import pytest
 
-from jobs import REPO, assert_same_run, checkpoint_weights, horovodrun, hvdtrain_cli, run_metrics
+from http_server import http_server
+from jobs import assert_same_run, checkpoint_weights, horovodrun, hvdtrain_cli, run_metrics
 
 from benchmarks import photo_tree  # noqa: E402
 
@@ -30,12 +27,6 @@ SHARDS = 6  # per split: 3 per lane
 # 120 training photos / 2 ranks / batch 16 = 4 steps per epoch (the last of 12); a checkpoint every
 # 2 steps; the kill at step 7 (in epoch 2) leaves step-00000006 as the latest.
 KILL_AT = 7
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_tars(tree, dest):
@@ -63,21 +54,8 @@ def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("served")
     tree = photo_tree.make_tree(base / "photos", classes=4, train=30, val=8, size=(200, 150))
     write_tars(tree, base / "wds")
-    port = free_port()
-    proc = subprocess.Popen([str(REPO / "scripts" / "http-server.sh"), str(base), str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}/wds"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(url + "/manifest.json", timeout=1).read()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail(f"scripts/http-server.sh ended: {proc.stderr.read()}")
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    with http_server(base, "wds/manifest.json") as url:
+        yield url + "/wds"
 
 
 @pytest.mark.distributed

@@ -31,6 +31,8 @@ from hvdtrain.data.shards import load_shard_index
 from hvdtrain.data.stream import SPOOL_PREFIX, Spool, Stream, StreamPlan, open_stream
 from hvdtrain.data.transforms import choose_policy
 from hvdtrain.data.workers import WorkerPool
+from http_server import http_server
+from trackers_support import free_port
 from recipes.image_classification.config import ImageConfig
 from recipes.image_classification.data import load_image_folder
 
@@ -177,37 +179,18 @@ def test_a_killed_processs_spool_is_removed_by_the_next_one(tmp_path):
 
 # --- real shards over HTTP ----------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A photo tree as WebDataset tars (4 per split) and Hugging Face Parquet, served by nginx."""
-    if not photo_tree.available() or not NGINX:
-        pytest.skip("needs scikit-image's photos and nginx")
+    if (not photo_tree.available() or not NGINX) and os.environ.get("CI") != "true":
+        pytest.skip("needs scikit-image's photos and nginx (make setup installs both)")
     base = tmp_path_factory.mktemp("served")
     tree = photo_tree.make_tree(base / "folder", classes=3, train=8, val=3, size=(120, 90))
     image_stores.write_tars(tree, base / "wds", shards=4)
     image_stores.write_parquet(tree, base / "pq")
     convert(tree, base / "conv", "parquet", samples_per_shard=10)  # hvdtrain convert: a manifest lists the splits
-    port = free_port()
-    server = subprocess.Popen([str(REPO / "scripts" / "http-server.sh"), str(base), str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(url + "/wds/manifest.json", timeout=1).read()
-            break
-        except OSError:
-            if server.poll() is not None:
-                pytest.fail(f"scripts/http-server.sh ended: {server.stderr.read()}")
-            time.sleep(0.1)
-    yield base, url
-    server.terminate()
-    server.wait(timeout=10)
+    with http_server(base, "wds/manifest.json") as url:
+        yield base, url
 
 
 @pytest.fixture(scope="module")
