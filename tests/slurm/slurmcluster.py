@@ -1,8 +1,8 @@
 """A real Slurm cluster of containers for tests/slurm: controller ``ctl``, compute nodes ``n1``, ``n2``.
 
-:class:`SlurmCluster` builds on tests/cluster's :class:`~cluster.dockerhosts.Cluster` (the same
-image build, ``docker exec``, shared-volume and clean-up helpers): it builds ``hvdtrain:cpu`` as
-that module does, then ``hvdtrain:slurm`` from docker/Dockerfile.slurm on top of it (Debian's
+:class:`SlurmCluster` builds on tests/cluster's :class:`~cluster.dockerhosts.Cluster` (its tree copy,
+key pair, ``docker exec``, shared-volume and clean-up helpers): it builds the CPU image as that
+module does (under a tag of its own), then ``hvdtrain:slurm`` from docker/Dockerfile.slurm on it (Debian's
 slurmctld/slurmd/munge; a BuildKit cache keeps the packages, so a rebuild takes seconds), makes
 one MUNGE key for the cluster, and starts the three containers on a network of their own with the
 shared volume at ``/shared`` on every one (writable everywhere: a batch script and rank 0 may run
@@ -21,9 +21,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from cluster.dockerhosts import Cluster, make_key_pair
+from cluster.dockerhosts import REPO, Cluster, copy_tree, make_key_pair
 
 SLURM_IMAGE = os.environ.get("HVDTRAIN_SLURM_IMAGE", "hvdtrain:slurm")
+BASE_IMAGE = "hvdtrain:slurm-base"  # the CPU image, built from this tree for this module
 SLURM_PREFIX = "hvdtrain-slurm"
 NODES = ("n1", "n2")
 CONTROLLER = "ctl"
@@ -31,7 +32,7 @@ START = "/opt/hvdtrain/docker/slurm/start.sh"
 
 
 class SlurmCluster(Cluster):
-    """``ctl`` (slurmctld) and ``n1``, ``n2`` (slurmd, 2 CPUs each) from ``hvdtrain:slurm``."""
+    """``ctl`` (slurmctld) and ``n1``, ``n2`` (slurmd, 4 CPUs each: small jobs side by side) from ``hvdtrain:slurm``."""
 
     def __init__(self, tmp: Path):
         super().__init__(tmp)
@@ -45,27 +46,38 @@ class SlurmCluster(Cluster):
 
     # -- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
-        """``hvdtrain:cpu`` (as tests/cluster builds it), then ``hvdtrain:slurm`` on it."""
-        super().build()
+        """The CPU image under a tag of its own (``hvdtrain:slurm-base``: scripts/docker-build.sh
+        run as tests/cluster runs it, from a copy of this tree with the README's key pair, so its
+        layers are shared; a tests/cluster module building ``hvdtrain:cpu`` from another tree at the
+        same time cannot change what this one is built on), then ``hvdtrain:slurm`` on it."""
         started = time.monotonic()
-        log = self.tmp / "docker-build-slurm.log"
-        with open(log, "w") as out:
-            proc = subprocess.run([self.docker, "build", "-f", "docker/Dockerfile.slurm", "-t", SLURM_IMAGE,
-                                   "--progress=plain", "."], cwd=self.context, stdout=out, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=1200)
-        assert proc.returncode == 0, "Slurm image build failed:\n" + log.read_text()[-6000:]
-        self.timings["build_slurm"] = time.monotonic() - started
+        proc = subprocess.run(["bash", "scripts/docker-daemon.sh"], cwd=REPO, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        self.docker = proc.stdout.strip()
+        copy_tree(REPO, self.context)
+        make_key_pair(self.keys)
+        for name, command in (("base", ["bash", "scripts/docker-build.sh", BASE_IMAGE]),
+                              ("slurm", [self.docker, "build", "-f", "docker/Dockerfile.slurm", "--build-arg",
+                                         f"BASE_IMAGE={BASE_IMAGE}", "-t", SLURM_IMAGE, "--progress=plain", "."])):
+            log = self.tmp / f"docker-build-{name}.log"
+            with open(log, "w") as out:
+                proc = subprocess.run(command, cwd=self.context, stdout=out, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=2400)
+            assert proc.returncode == 0, f"{name} image build failed:\n" + log.read_text()[-6000:]
+            self.timings[f"build_{name}"] = time.monotonic() - started
 
-    def start(self, nodes: tuple[str, ...] = NODES) -> None:
-        """Network, shared volume, MUNGE key, ``ctl`` and the nodes; returns once ``sinfo`` shows
-        every node idle."""
+    def start(self, nodes: tuple[str, ...] = NODES, mounts: dict[str, Path] | None = None) -> None:
+        """Network, shared volume, MUNGE key, ``ctl`` and the nodes (``mounts``: container path ->
+        host folder, read-only on every container); returns once ``sinfo`` shows every node idle."""
         self.remove()
         self.run("network", "create", self.network)
         self.run("volume", "create", self.volume)
         self.munge_key.parent.mkdir(parents=True, exist_ok=True)
         self.munge_key.write_bytes(os.urandom(1024))
         make_key_pair(self.keys)
-        env = {"HVDTRAIN_SLURM_CONTROLLER": CONTROLLER, "HVDTRAIN_SLURM_NODES": ",".join(nodes), "HVDTRAIN_SLURM_CPUS": "2"}
+        env = {"HVDTRAIN_SLURM_CONTROLLER": CONTROLLER, "HVDTRAIN_SLURM_NODES": ",".join(nodes),
+               "HVDTRAIN_SLURM_CPUS": "4"}
         for name in (CONTROLLER, *nodes):
             role = "controller" if name == CONTROLLER else "node"
             flags = [a for k, v in {**env, "HVDTRAIN_SSHD": "1"}.items() for a in ("-e", f"{k}={v}")]
@@ -73,6 +85,7 @@ class SlurmCluster(Cluster):
                      "--network-alias", name, "--shm-size=256m", *flags,
                      "-v", f"{self.munge_key}:/etc/hvdtrain/munge.key:ro",
                      "-v", f"{self.keys}:/etc/hvdtrain/ssh:ro", "-v", f"{self.volume}:/shared",
+                     *[a for inside, outside in (mounts or {}).items() for a in ("-v", f"{outside}:{inside}:ro")],
                      SLURM_IMAGE, START, role)
             self.hosts[name] = {"writable": True}
         self.wait_idle(nodes)

@@ -6,7 +6,9 @@ with ``squeue``/``scontrol`` as a user would.
   Horovod job of 2 ranks on n1 and n2, every rank's parameters identical (the CLI run through
   tests/cluster/workers/cli_ranks.py, by the template's HVDTRAIN_COMMAND);
 * ``horovodrun -H $(hvdtrain slurm-hosts)`` inside the allocation (examples/slurm/horovodrun.sbatch,
-  over the nodes' sshd): the same metrics and weights, bitwise, as the srun job;
+  over the nodes' sshd), ``mpirun`` inside the allocation (mpirun.sbatch: Open MPI starts its
+  daemons with srun) and ``srun --mpi=pmix`` (srun-pmix.sbatch), the last two on MPI with the
+  PyPI Open MPI: the same metrics and weights, bitwise, as the srun Gloo job;
 * preemption (examples/slurm/requeue.sbatch): a real ``scontrol requeue`` mid-run (torch; SIGTERM
   to the tasks, Slurm queues the job again) and a time limit whose ``--signal=USR1@60`` warning
   comes mid-run (TensorFlow; the script requeues on exit 75): each job runs again, continues from
@@ -25,8 +27,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -40,13 +45,14 @@ if WHY_NOT and os.environ.get("CI") == "true":
 pytestmark = [pytest.mark.distributed, pytest.mark.resume, pytest.mark.timeout(2400),
               pytest.mark.skipif(bool(WHY_NOT), reason=f"no Docker: {WHY_NOT}")]
 
-DATA = "/shared/data/mnist-imagefolder"
+DATA = "/data/mnist-imagefolder"  # this machine's embedded MNIST, mounted read-only on every container
 # 512 samples / 2 ranks / batch 32 = 8 optimizer steps per epoch, 2 epochs. Decoding in the rank
 # (image.workers=0): Slurm signals every process of a step, and a decoding worker that does not
 # ignore SIGUSR1/SIGTERM dies of it (hvdtrain/data/workers.py).
 TRAIN = ["--epochs", "2", "--data", DATA, "--batch-size", "32", "--set", "data.max_train_samples=512",
          "--set", "data.max_val_samples=64", "--set", "train.log_every=0", "--set", "train.deterministic=true",
          "--set", "checkpoint.every_steps=5", "--set", "image.workers=0"]
+MPI_LAUNCHERS = ("mpirun", "srun-pmix")  # examples/slurm/<name>.sbatch: Horovod on MPI (PyPI Open MPI)
 CLI_RANKS = "python /opt/hvdtrain/tests/cluster/workers/cli_ranks.py"
 # the first run of a job steps slowly, so that it is still training when it is interrupted; the
 # requeued run goes at full speed
@@ -72,8 +78,8 @@ class Jobs:
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def submit(self, name: str, script: str, args: list[str], *sbatch: str, **env: str) -> None:
-        self.ids[name] = self.cluster.sbatch("--job-name", name, *sbatch, script=f"/opt/hvdtrain/examples/slurm/{script}",
-                                             args=args, env=env)
+        self.ids[name] = self.cluster.sbatch("--job-name", name, *sbatch, args=args, env=env,
+                                             script=f"/opt/hvdtrain/examples/slurm/{script}")
 
     def _watch(self) -> None:
         started = time.monotonic()
@@ -98,16 +104,21 @@ class Jobs:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    slurm = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    slurm.build()
+def cluster():
+    from recipes.image_classification.data import embedded_mnist
+
+    # not under pytest's basetemp: a pytest run beside this one prunes old basetemp folders, and
+    # this one holds the build context and the MUNGE key the containers mount
+    tmp = Path(tempfile.mkdtemp(prefix="hvdtrain-slurm-"))
+    slurm = SlurmCluster(tmp)
     try:
-        slurm.start()
-        slurm.exec("n1", "python", "-c", "from pathlib import Path; from recipes.image_classification.data "
-                   "import embedded_mnist; print(embedded_mnist(Path('/shared/data')))", timeout=600)
+        slurm.build()
+        slurm.start(mounts={DATA: embedded_mnist()})  # written once per machine, not per run
         yield slurm
     finally:
-        slurm.remove()
+        if os.environ.get("HVDTRAIN_SLURM_KEEP") != "1":  # 1: leave the cluster up to look at it
+            slurm.remove()
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +140,9 @@ def jobs(cluster):
     queue.submit("horovodrun-torch", "horovodrun.sbatch", recipe("torch", "horovodrun-torch"),
                  HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/horovodrun-torch.ranks.json torch --",
                  HVDTRAIN_SSH_PORT="2222")
+    for launcher in MPI_LAUNCHERS:
+        queue.submit(f"{launcher}-torch", f"{launcher}.sbatch", recipe("torch", f"{launcher}-torch"),
+                     HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/{launcher}-torch.ranks.json torch --")
     queue.thread.start()
     yield queue
     queue.stop.set()
@@ -185,6 +199,16 @@ def test_horovodrun_inside_the_allocation_matches_srun(cluster, jobs):
     assert "hvdtrain: workers on n1 (ranks 0), n2 (ranks 1)" in out, out[-4000:]
     assert ranks(cluster, "horovodrun-torch") == ranks(cluster, "gloo-torch")
     assert_same_as_srun(cluster, "horovodrun-torch", "torch")
+
+
+@pytest.mark.parametrize("launcher", MPI_LAUNCHERS)
+def test_mpi_inside_the_allocation_matches_srun(cluster, jobs, launcher):
+    """mpirun (its daemons started by srun) and srun --mpi=pmix with the PyPI Open MPI: Horovod on
+    MPI, the same result, bitwise, as the Gloo job."""
+    out, _ = assert_completed(jobs, f"{launcher}-torch")
+    assert "Sorry!" not in out and "not-valid" not in out, out[-4000:]  # no PMIx notice per rank
+    assert ranks(cluster, f"{launcher}-torch") == ranks(cluster, "gloo-torch")
+    assert_same_as_srun(cluster, f"{launcher}-torch", "torch")
 
 
 def test_scontrol_requeue_mid_run_continues_bitwise(cluster, jobs):
