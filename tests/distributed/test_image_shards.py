@@ -1,9 +1,10 @@
 """The image recipe on shards (issue 25, item 1), 2 ranks under horovodrun: the small real-photo tree
-of test_image_photos.py stored as WebDataset tars (torch), Hugging Face Parquet (TensorFlow) and a
-``datasets`` ``save_to_disk`` folder (torch, kill-and-resume), each written by its real producer
+of test_image_photos.py stored as WebDataset tars, Hugging Face Parquet and a ``datasets``
+``save_to_disk`` folder (Arrow), each written by its real producer
 (tests/distributed/workers/image_stores.py), read by random access through the decoding workers:
-both frameworks learn it well above chance, the format is detected from ``--data``, and a run
-killed mid-epoch and resumed ends bitwise equal to an uninterrupted one."""
+every format with both frameworks learns it well above chance (the issue's format x framework
+matrix), the format is detected from ``--data``, and a run killed mid-epoch on Arrow and resumed
+ends bitwise equal to an uninterrupted one."""
 
 import os
 import re
@@ -36,15 +37,19 @@ def store(photos, dest, fmt):
     return dest
 
 
+# every format with both frameworks (torch on Arrow: the kill-and-resume test below); each pair
+# reaches 1.0 validation accuracy by epoch 2 of 3 on repeated runs, and most of a run is start-up
 @pytest.mark.distributed
-@pytest.mark.parametrize("framework,fmt", [("torch", "webdataset"), ("tensorflow", "parquet")])
+@pytest.mark.parametrize("framework,fmt", [("torch", "webdataset"), ("tensorflow", "parquet"),
+                                           ("tensorflow", "webdataset"), ("torch", "parquet"),
+                                           ("tensorflow", "arrow")])
 def test_two_ranks_learn_real_photos_from_shards(tmp_path, photos, framework, fmt):
     data, out = store(photos, tmp_path / fmt, fmt), tmp_path / "run"
     proc = horovodrun([hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--data", data,
-                       "--output", out, "--epochs", "6", *COMMON],
+                       "--output", out, "--epochs", "3", *COMMON],
                       env={"HVDTRAIN_DATA_CACHE": str(tmp_path / "cache")}, timeout=400)
     rows = run_metrics(out)
-    assert len(rows) == 6 and rows[-1]["world_size"] == 2
+    assert len(rows) == 3 and rows[-1]["world_size"] == 2
     assert rows[-1]["val_accuracy"] >= 0.6, rows  # chance: 0.25
     # the index is built once per host by whichever rank takes the cache's lock first; rank 0 prints
     # "built" or "cached" depending on that race, so the cache folder is what is checked
@@ -71,6 +76,7 @@ def test_kill_mid_epoch_then_resume_from_arrow_shards_is_bitwise_equal(tmp_path,
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     horovodrun(command(straight), env=env, timeout=400)
+    assert run_metrics(straight)[-1]["val_accuracy"] >= 0.6  # torch on Arrow learns too (chance: 0.25)
     started = time.monotonic()
     crash = horovodrun(command(killed), check=False, timeout=400, env={**env, "HVDTRAIN_FAULT": f"kill:rank=1:step={KILL_AT}"})
     assert crash.returncode != 0
