@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import importlib.util
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +21,47 @@ def _version(*names: str) -> str:
         except metadata.PackageNotFoundError:
             continue
     return "not installed"
+
+
+def _package_file(package: str, relative: str) -> str | None:
+    """The text of a file inside an installed package, read without importing the package."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], relative)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def torch_cuda(version_py: str) -> str:
+    """"CUDA x.y" or "CPU only", from the text of torch's ``version.py``."""
+    found = re.search(r"^cuda(?::[^=]*)?=\s*'([^']+)'", version_py, re.M)
+    return f"CUDA {found.group(1)}" if found else "CPU only"
+
+
+def tensorflow_cuda(build_info_py: str) -> str:
+    """"CUDA x.y" or "CPU only", from the text of TensorFlow's ``python/platform/build_info.py``."""
+    found = re.search(r"'cuda_version', '([^']+)'", build_info_py)
+    return f"CUDA {found.group(1)}" if found else "CPU only"
+
+
+def cuda_builds() -> dict[str, str]:
+    """Which CUDA each installed framework was built for, read from its version files (no
+    framework imported)."""
+    result = {}
+    torch_version = _package_file("torch", "version.py")
+    if torch_version is not None:
+        result["torch"] = torch_cuda(torch_version)
+    tf_build = _package_file("tensorflow", os.path.join("python", "platform", "build_info.py"))
+    if tf_build is not None:
+        result["tensorflow"] = tensorflow_cuda(tf_build)
+    return result
 
 
 def horovod_build() -> dict[str, bool]:
@@ -74,6 +117,7 @@ def describe_environment() -> str:
     """A plain-text block with everything a bug report needs."""
     build = horovod_build()
     mark = lambda key: "[X]" if build.get(key) else "[ ]"  # noqa: E731
+    cuda = cuda_builds()
     lines = [
         f"hvdtrain:       {__version__}",
         f"python:         {sys.version.split()[0]} ({sys.executable})",
@@ -90,6 +134,7 @@ def describe_environment() -> str:
         f"  controllers:  {mark('MPI')} MPI  {mark('Gloo')} Gloo",
         f"  tensor ops:   {mark('NCCL')} NCCL  {mark('DDL')} DDL  {mark('CCL')} CCL  {mark('MPI')} MPI  "
         f"{mark('Gloo')} Gloo",
-        f"  gpu support:  {mark('GPU (torch)')} PyTorch  {mark('GPU (tensorflow)')} TensorFlow",
+        f"  gpu visible:  {mark('GPU (torch)')} PyTorch  {mark('GPU (tensorflow)')} TensorFlow",
+        "cuda builds:    " + ("  ".join(f"{name} {what}" for name, what in cuda.items()) or "no framework installed"),
     ]
     return "\n".join(lines)
