@@ -3,9 +3,9 @@
 Under ``horovodrun`` (Gloo or MPI) or ``mpirun`` the launcher sets rank variables and Horovod
 picks its controller itself. A task of a Slurm step (``srun hvdtrain ...``) has only Slurm's:
 :mod:`hvdtrain.core.slurm` forms the Gloo job from them (task 0 runs the rendezvous). A process
-started alone has none; Horovod built with MPI would then
-try an MPI singleton start, which a relocated Open MPI (such as PyPI's) cannot do. A lone
-process therefore runs on Horovod's Gloo controller, which needs no rendezvous for one rank.
+started alone has none; Horovod built with MPI would then try an MPI singleton start, which a
+relocated Open MPI (such as PyPI's) cannot do. A lone process therefore runs on Horovod's Gloo
+controller, which needs no rendezvous for one rank.
 
 The config's ``comm`` section (fusion threshold, cycle time, autotune, timeline) becomes the
 ``HOROVOD_*`` variables Horovod reads at ``hvd.init()``.
@@ -50,12 +50,12 @@ def prepare_horovod_environment(config: Any = None) -> dict[str, str]:
     :class:`~hvdtrain.core.config.RunConfig`, its ``comm`` section is exported as Horovod's
     variables (the timeline's and autotune log's folders are created). Returns what was set.
     """
-    step = slurm.slurm_step()
-    if step is not None:
-        slurm.prepare_slurm_step(step)
-    slurm.check_batch_process()
     checkpoint = getattr(config, "checkpoint", None)
     slurm.ignore_early_and_late_warnings(preempt_signal_names(getattr(checkpoint, "preempt_signals", "USR1,TERM")))
+    step = slurm.slurm_step()
+    if step is not None:
+        slurm.prepare_slurm_step(step)  # task 0 serves the rendezvous, the others wait for it
+    slurm.check_batch_process()
     check_gloo_hostname()  # a Gloo job across hosts needs each host's name to resolve off loopback
     if not under_launcher() or slurm.lone_slurm_process():
         os.environ.setdefault("HOROVOD_CONTROLLER", "gloo")

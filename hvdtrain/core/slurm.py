@@ -368,6 +368,11 @@ def prepare_slurm_step(step: SlurmStep, environ: dict[str, str] | None = None) -
     else:
         wait_rendezvous(step, address, env)
     variables = horovod_variables(step, address, env.get("HOROVOD_GLOO_IFACE") or network_interface(step, address))
+    # srun starts the tasks of different nodes at different times (imports from a shared file
+    # system can take minutes): Gloo's own wait for every rank (30 s by default) gets the
+    # rendezvous timeout, unless the user set it
+    variables["HOROVOD_GLOO_TIMEOUT_SECONDS"] = env.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or str(
+        int(float(env.get(TIMEOUT_VARIABLE) or 300)))
     for name in ("HOROVOD_GLOO_IFACE",):
         if env.get(name):
             variables[name] = env[name]

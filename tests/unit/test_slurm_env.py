@@ -147,6 +147,7 @@ def test_task_zero_serves_the_rendezvous_and_the_others_check_whose_it_is(monkey
         variables = slurm.prepare_slurm_step(one, env)
         assert env["HOROVOD_RANK"] == "1" and variables["HOROVOD_GLOO_RENDEZVOUS_PORT"] == port
         assert env["HOROVOD_HOSTNAME"] == host and env["HOROVOD_LOCAL_SIZE"] == "2"
+        assert env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "5"  # Gloo waits for late tasks as long as the rendezvous
     finally:
         server.shutdown()
         server.server_close()
