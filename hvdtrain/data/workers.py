@@ -154,10 +154,20 @@ def _attach(name: str, cache: dict[str, shared_memory.SharedMemory]) -> shared_m
     return shm
 
 
+# Signals a scheduler or a terminal sends to every process of a job (Slurm signals all processes of
+# a step: --signal=USR1@N, SIGTERM on preemption or requeue; Ctrl-C reaches the process group). The
+# trainer decides what they mean (a checkpoint, then exit); a worker that died of one would take its
+# batches with it. Workers ignore them and end with the trainer (_die_with_parent).
+JOB_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
+                    if hasattr(signal, name))
+
+
 def worker_main(parent_pid: int, tasks: Any, results: Any) -> None:
     """A worker's loop: ``("source", id, source)`` registers a source (an object with
     ``fill(out, positions, samples, epoch) -> list of substitutions``); ``("work", batch, chunk,
     source, shm_name, shape, positions, samples, epoch)`` fills part of a batch; ``None`` stops."""
+    for number in JOB_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
     _die_with_parent(parent_pid)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = "1"

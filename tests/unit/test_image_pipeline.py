@@ -203,3 +203,20 @@ def test_a_script_without_a_main_guard_can_start_workers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
     assert marker.read_text() == "ran\n"  # the script ran once: in the trainer, not again in each worker
+
+
+def test_workers_outlive_the_signals_a_scheduler_sends_to_every_process(tmp_path, pool):
+    """Slurm signals every process of a step (USR1 before a time limit, TERM on preemption): the
+    trainer turns them into a checkpoint and an exit, so its decoding workers must not die of them."""
+    import os
+    import signal
+
+    root = jpeg_tree(tmp_path / "d")
+    train, _, _ = datasets(root, pool)
+    before, _ = train.get_batch(np.arange(6), 0)
+    for pid in pool.pids:
+        for number in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            os.kill(pid, number)
+    after, _ = train.get_batch(np.arange(6), 0)  # the same workers decode the same batch
+    assert np.array_equal(before, after)
+    assert all(proc.is_alive() for proc in pool.procs)
