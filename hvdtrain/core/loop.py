@@ -341,6 +341,9 @@ class Trainer:
             name = f"step-{position.step:08d}" if totals is not None else f"epoch-{position.epoch:04d}"
             if not saved:
                 self.checkpoints.save(self.ctx, name, position, totals, None)
+                # distributed: no rank exits before rank 0 has written it (a launcher such as
+                # horovodrun ends the other workers as soon as one exits non-zero)
+                self.adapter.barrier()
             checkpoint = str(self.manager.directory / name)
         message = stop_message(signals, position.step, position.epoch if totals is not None else position.epoch - 1,
                                checkpoint)
