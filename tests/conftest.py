@@ -36,7 +36,7 @@ from envguard import environ_changes, restore_environ
 import hvdtrain  # noqa: E402,F401
 
 TESTS = Path(__file__).resolve().parent
-JOB_FOLDERS = ("distributed", "reliability", "cluster")  # every test launches real horovodrun jobs
+JOB_FOLDERS = ("distributed", "reliability", "cluster", "slurm")  # every test launches real horovodrun jobs
 MODULE_SECONDS = {name: seconds for name, seconds in json.loads((TESTS / "module_seconds.json").read_text()).items()
                   if not name.startswith("_")}
 NEW_JOB_MODULE_SECONDS = 30  # a module not yet measured that launches jobs: ahead of the in-process ones
