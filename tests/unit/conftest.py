@@ -22,3 +22,10 @@ if str(REPO_ROOT) not in sys.path:
 def repo_root() -> Path:
     """The repository root (holds ``hvdtrain/`` and ``recipes/``)."""
     return REPO_ROOT
+
+
+@pytest.fixture
+def private_index_cache(tmp_path, monkeypatch):
+    """The image index cache (``HVDTRAIN_DATA_CACHE``) in the test's own folder: every test builds
+    its index afresh and leaves the user's cache alone."""
+    monkeypatch.setenv("HVDTRAIN_DATA_CACHE", str(tmp_path / "cache"))

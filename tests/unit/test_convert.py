@@ -41,9 +41,7 @@ def tree(tmp_path_factory):
     return photo_tree.make_tree(tmp_path_factory.mktemp("photos"), classes=3, train=TRAIN, val=4, size=(64, 48))
 
 
-@pytest.fixture(autouse=True)
-def index_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HVDTRAIN_DATA_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_index_cache")
 
 
 def source_images(root: Path, split: str) -> dict[str, tuple[bytes, str]]:

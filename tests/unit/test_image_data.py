@@ -23,9 +23,7 @@ def write_tree(root, classes, per_class=3, mode="L", size=(12, 10), splits=("tra
     return root
 
 
-@pytest.fixture(autouse=True)
-def index_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HVDTRAIN_DATA_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_index_cache")
 
 
 def load(root, seed=0, **image):

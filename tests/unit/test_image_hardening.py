@@ -19,9 +19,7 @@ from recipes.image_classification.data import load_image_folder
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(autouse=True)
-def index_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HVDTRAIN_DATA_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_index_cache")
 
 
 def image(path, mode="RGB", size=(40, 40), seed=0, fmt=None):

@@ -51,9 +51,7 @@ def jpeg_tree(root, per_class=6, flat_val=False):
     return root
 
 
-@pytest.fixture(autouse=True)
-def index_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HVDTRAIN_DATA_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_index_cache")
 
 
 @pytest.fixture(scope="module")

@@ -45,9 +45,7 @@ def stores(tmp_path_factory):
             "arrow": write_arrow(tree, base / "arrow")}
 
 
-@pytest.fixture(autouse=True)
-def index_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HVDTRAIN_DATA_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_index_cache")
 
 
 @pytest.fixture(scope="module")

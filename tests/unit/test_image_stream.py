@@ -49,9 +49,7 @@ needs_server = pytest.mark.skipif(not NGINX and os.environ.get("CI") != "true",
                                   reason="nginx is not installed (scripts/http-server.sh --setup)")
 
 
-@pytest.fixture(autouse=True)
-def index_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HVDTRAIN_DATA_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_index_cache")
 
 
 # --- the plan --------------------------------------------------------------------------------------
