@@ -227,8 +227,6 @@ def sharded_optimizer_with(config: Any) -> str | None:
     if mode == "none":
         return None
     key = f"parallel.shard_optimizer={mode}"
-    if config.framework != "torch":
-        return f"{key} is built for PyTorch only so far; use --framework torch, or parallel.shard_optimizer=none"
     stages, exchange = config.parallel.pipeline_stages, _exchange_key(config)
     conflicts = (  # comm.overlap=always: overlap_with_exchange
         (stages > 1, f"parallel.pipeline_stages={stages}", "each stage updates its own part of the model"),

@@ -35,6 +35,7 @@ from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.tensorflow.compression import Allreduce, build_exchange, tf_variables
 from hvdtrain.tensorflow.finetune import BackboneControl, LearningRateFactors, head_variables
+from hvdtrain.tensorflow.sharded import ShardedExchange, ShardedOptimizer
 
 MODEL_FILE = "model_variables.npz"  # every model variable, dropout seed state included
 OPTIMIZER_FILE = "optimizer.npz"  # loss-scale state included (train.mixed_precision=fp16)
@@ -124,17 +125,25 @@ class TensorFlowAdapter(FrameworkAdapter):
             sample, _ = task.train_data.get_batch(np.arange(1), 0)
             self.model(_as_tensor(sample), training=False)
         self.trainable = self.model.trainable_variables
-        self.optimizer.build(self.trainable)  # create slots now so they can be broadcast
+        self.sharded = None  # parallel.shard_optimizer (hvdtrain.tensorflow.sharded; the rulebook allowed it)
+        if config.parallel.shard_optimizer == "none":
+            self.optimizer.build(self.trainable)  # create slots now so they can be broadcast
         self.buffers = [v for v in self.model.non_trainable_variables
                         if v.dtype in ("float16", "bfloat16", "float32", "float64")]  # BatchNorm statistics
         self._fine_tuning(task, config)
+        if config.parallel.shard_optimizer != "none":  # the optimizer state and its update in 1/N slices
+            self.sharded = ShardedOptimizer(self.inner_optimizer, self.optimizer, self.trainable,
+                                            config.parallel.shard_optimizer)
         self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tf_variables(self.trainable)] \
             if self.accumulation > 1 else []
         # The gradient exchange (hvdtrain.core.exchange) the step calls between the tape's gradients
         # and the update: Horovod's allreduce (what DistributedGradientTape runs; after accumulation
         # one fused allreduce), or hvdtrain's PowerSGD, top-k or local SGD.
         plan = comm_plan(config)
-        if plan is None:
+        if self.sharded is not None:
+            self.exchange = ShardedExchange(self.sharded, self.trainable, self.compression)
+            self.overlap = False  # the flat gradients are reduced once per update
+        elif plan is None:
             groups = self.gradient_groups if self.accumulation == 1 else (None if self.reduce_op == hvd.Adasum else 1)
             self.exchange = Allreduce(self.trainable, self.compression, self.reduce_op, groups)
         else:
@@ -142,6 +151,7 @@ class TensorFlowAdapter(FrameworkAdapter):
         self._steps: dict[bool, tuple[Any, Any]] = {}  # per frozen-backbone mode: (apply, accumulate) step
         self._eval = tf.function(self._eval_step, reduce_retracing=True, autograph=False)
 
+    sharded: ShardedOptimizer | None = None  # parallel.shard_optimizer's, set by prepare()
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0
 
@@ -184,7 +194,9 @@ class TensorFlowAdapter(FrameworkAdapter):
         scaling: unscale first; after a finite update grow the scale every ``dynamic_growth_steps``,
         after an overflow halve it (Keras's LossScaleOptimizer rule)."""
         grads = [tf.convert_to_tensor(g) for g in grads]
-        variables = self.trainable
+        variables, optimizer = self.trainable, self.inner_optimizer
+        if self.sharded is not None:  # this rank's slices of the flat gradients and of the parameters
+            variables, optimizer = self.sharded.shards, self.sharded.inner
         if self._frozen:  # (read when traced) a frozen backbone gets no update at all: the head's only
             keep = self.control.head_mask
             grads = [g for g, k in zip(grads, keep) if k]
@@ -192,13 +204,13 @@ class TensorFlowAdapter(FrameworkAdapter):
         scaler = self.optimizer if self.loss_scaling else None
         if scaler is not None:
             grads = [g / tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
-        norm = tf.linalg.global_norm(grads)
+        norm = tf.linalg.global_norm(grads) if self.sharded is None else self.sharded.global_norm(grads)
         finite = tf.math.is_finite(norm)
         if self.grad_clip_norm is not None:
             grads, _ = tf.clip_by_global_norm(grads, self.grad_clip_norm, use_norm=norm)
 
         def apply():
-            self.inner_optimizer.apply_gradients(zip(grads, variables))
+            optimizer.apply_gradients(zip(grads, variables))
             if scaler is not None:
                 grow = tf.equal(scaler.step_counter, scaler.dynamic_growth_steps - 1)
                 scaler.dynamic_scale.assign(tf.where(grow, scaler.dynamic_scale * 2.0, scaler.dynamic_scale))
@@ -228,6 +240,8 @@ class TensorFlowAdapter(FrameworkAdapter):
             for a in self.accumulators:
                 a.assign(tf.zeros_like(a))
         applied = self._update(self.exchange.reduce(grads))  # distributed: the gradient exchange
+        if self.sharded is not None:
+            self.sharded.gather()  # distributed: the updated slices make the whole model on every rank
         self.exchange.after_update()
         return loss, applied
 
@@ -253,8 +267,12 @@ class TensorFlowAdapter(FrameworkAdapter):
         return [v for v in self.model.variables if "seed_generator_state" in getattr(v, "path", v.name)]
 
     def broadcast_state(self, root_rank: int = 0) -> None:
-        variables = tf_variables(self.model.variables) + tf_variables(self.optimizer.variables)
-        hvd.broadcast_variables(variables, root_rank=root_rank)  # distributed: model + optimizer state
+        if self.sharded is not None:  # each rank keeps its slice of the root's optimizer state
+            hvd.broadcast_variables(tf_variables(self.model.variables), root_rank=root_rank)  # distributed
+            self.sharded.broadcast(root_rank)  # distributed
+        else:
+            variables = tf_variables(self.model.variables) + tf_variables(self.optimizer.variables)
+            hvd.broadcast_variables(variables, root_rank=root_rank)  # distributed: model + optimizer state
         # The layers' seed states came from rank 0 too: each rank draws its own dropout masks.
         offset_seed_states(self._seed_states(), hvd.rank())
 
@@ -277,6 +295,19 @@ class TensorFlowAdapter(FrameworkAdapter):
 
     def set_learning_rate(self, lr: float) -> None:
         self.optimizer.learning_rate = lr
+        if self.sharded is not None:
+            self.sharded.set_learning_rate(lr)
+
+    def gather_state(self) -> None:
+        if self.sharded is not None:
+            self.sharded.collect()  # distributed: rank 0 holds the whole optimizer state to save
+
+    def _optimizer_variables(self, checkpoint: bool = False) -> list[Any]:
+        """The optimizer's variables; sharded: in a checkpoint the whole state in data parallelism's
+        layout (:meth:`ShardedOptimizer.checkpoint_variables`), in memory this rank's."""
+        if self.sharded is None:
+            return self.optimizer.variables
+        return self.sharded.checkpoint_variables() if checkpoint else self.sharded.variables()
 
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> Any:
         train_apply, train_accumulate = self._step_functions()
@@ -307,21 +338,23 @@ class TensorFlowAdapter(FrameworkAdapter):
         global_seed_generator().state.assign(np.asarray(state["keras_global_seed"], dtype=np.int64))
 
     def snapshot(self) -> Any:
-        return [np.array(v.numpy()) for v in list(self.model.variables) + list(self.optimizer.variables)]
+        return [np.array(v.numpy()) for v in list(self.model.variables) + self._optimizer_variables()]
 
     def restore_snapshot(self, snapshot: Any) -> None:
-        for variable, value in zip(list(self.model.variables) + list(self.optimizer.variables), snapshot):
+        for variable, value in zip(list(self.model.variables) + self._optimizer_variables(), snapshot):
             variable.assign(value)
 
     def save_state(self, directory: Path) -> None:
         if not all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables):
             raise NonFiniteStateError("model parameters are not finite")
         _save_variables(Path(directory) / MODEL_FILE, self.model.variables)
-        _save_variables(Path(directory) / OPTIMIZER_FILE, self.optimizer.variables)
+        _save_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
+        if self.sharded is not None:
+            self.sharded.release()
 
     def load_state(self, directory: Path) -> None:
         _load_variables(Path(directory) / MODEL_FILE, self.model.variables)
-        _load_variables(Path(directory) / OPTIMIZER_FILE, self.optimizer.variables)
+        _load_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
 
 
 def _save_variables(path: Path, variables: list[Any]) -> None:

@@ -1,0 +1,363 @@
+"""Optimizer state sharded across ranks for TensorFlow / Keras 3 on Horovod's collectives:
+``parallel.shard_optimizer=optimizer`` (ZeRO-1) and ``=gradients`` (ZeRO-2).
+
+The model's trainable variables are laid out in flat buffers, one per group of variables the
+recipe's optimizer treats alike (same dtype, weight decay or not, the same learning-rate factor):
+the variables concatenated in order, zero-padded to a multiple of the world size ``N``
+(:class:`FlatGroup`). Rank ``r`` owns the ``r``-th ``1/N`` slice of every buffer in a shard
+variable, and a Keras optimizer of the recipe optimizer's class and configuration is built over the
+shard variables only, so its slots (momentum, Adam's moments) are ``1/N`` of data parallelism's.
+One update, inside the adapter's ``tf.function`` step (graph ops only):
+
+1. :class:`ShardedExchange` (the run's gradient exchange) flattens the local gradients and either
+   averages them with one grouped allreduce and keeps this rank's slice (``optimizer``), or
+   reduce-scatters them so that only this rank's averaged slice ever exists (``gradients``);
+2. the adapter unscales (fp16 loss scaling), asks :meth:`ShardedOptimizer.global_norm` for the norm
+   of the whole gradient (this rank's sum of squares, summed across ranks: one scalar allreduce, so
+   the finite check and global-norm clipping agree on every rank), clips, and applies the shard
+   optimizer to the shard variables;
+3. :meth:`ShardedOptimizer.gather` all-gathers the slices (one grouped allgather) and assigns the
+   whole model back on every rank.
+
+The update is data parallelism's element by element, because the optimizers allowed
+(:data:`ELEMENTWISE`) update each element from its own gradient and state.
+
+**Checkpoints keep today's format** (``optimizer.npz``: the recipe optimizer's variables in order,
+with their paths). The recipe optimizer (with the loss-scale wrapper, if any) is built over
+shape-only stand-ins of the model's variables (:class:`_StandIn`): it holds its real scalar
+variables (iterations, learning rate, loss scale) and zero-size slots with data parallelism's
+paths, order and nothing else. :meth:`ShardedOptimizer.checkpoint_variables` lists what the file
+holds: the scalars, and for each slot a :class:`HostValue` of the model variable's shape. Before
+rank 0 saves, :meth:`ShardedOptimizer.collect` (every rank) sends each slot's shards to rank 0 with
+one ``alltoall`` per buffer and slot kind (the other ranks receive nothing); on resume rank 0 reads
+the file into the host values and :meth:`ShardedOptimizer.broadcast` sends every rank only its
+slice (``alltoall`` again): a sharded run resumes a data-parallel checkpoint and the other way
+round, at any world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+from hvdtrain.core.config import ConfigError
+from hvdtrain.core.exchange import Stateless
+
+#: Keras optimizers whose update of an element depends on that element's gradient and state only
+#: (hvdtrain's own SGD, Adam and AdamW derive from them).
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Lion")
+#: Hyperparameters hvdtrain's optimizers keep outside Keras's ``get_config()`` (coupled L2 decay).
+EXTRA_HYPERPARAMETERS = ("l2",)
+MODES = ("optimizer", "gradients")
+
+
+def check_optimizer(optimizer: keras.optimizers.Optimizer, mode: str) -> None:
+    """Refuse an optimizer whose update is not element by element (see the module docstring)."""
+    names = {cls.__name__ for cls in type(optimizer).__mro__}
+    if not names & set(ELEMENTWISE):
+        raise ConfigError(f"parallel.shard_optimizer={mode}: the recipe's optimizer {type(optimizer).__name__} is "
+                          f"not one whose update works element by element on a flat slice; use one of "
+                          f"{', '.join(ELEMENTWISE)}, or parallel.shard_optimizer=none")
+
+
+class FlatGroup:
+    """Where each of ``variables`` lies in one flat buffer padded to a multiple of ``size``, and
+    which slice of it rank ``rank`` owns."""
+
+    def __init__(self, variables: list[Any], size: int, rank: int) -> None:
+        self.variables = variables
+        self.dtype = tf.as_dtype(variables[0].dtype)
+        self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
+        self.numels = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+        self.total = sum(self.numels)
+        self.shard = max(1, math.ceil(self.total / size))
+        self.padded = self.shard * size
+        self.start = rank * self.shard
+
+    def flatten(self, tensors: list[Any]) -> Any:
+        """The tensors (None: zeros) flattened, concatenated and zero-padded (graph ops)."""
+        pieces = [tf.reshape(tf.cast(tf.convert_to_tensor(t), self.dtype), [-1]) if t is not None
+                  else tf.zeros([n], self.dtype) for t, n in zip(tensors, self.numels)]
+        if self.padded > self.total:
+            pieces.append(tf.zeros([self.padded - self.total], self.dtype))
+        return tf.concat(pieces, axis=0)
+
+    def split(self, flat: Any) -> list[Any]:
+        """A whole buffer cut back into tensors shaped like the variables."""
+        pieces = tf.split(flat[:self.total], self.numels)
+        return [tf.reshape(p, s) for p, s in zip(pieces, self.shapes)]
+
+    def mine(self, flat: Any) -> Any:
+        """This rank's slice of a whole buffer."""
+        return flat[self.start:self.start + self.shard]
+
+    def flatten_host(self, arrays: list[np.ndarray | None]) -> np.ndarray:
+        """:meth:`flatten` for NumPy arrays (None: zeros)."""
+        dtype = self.dtype.as_numpy_dtype
+        flat = np.zeros(self.padded, dtype=dtype)
+        offset = 0
+        for array, n in zip(arrays, self.numels):
+            if array is not None:
+                flat[offset:offset + n] = np.asarray(array, dtype=dtype).reshape(-1)
+            offset += n
+        return flat
+
+    def split_host(self, flat: np.ndarray) -> list[np.ndarray]:
+        """:meth:`split` for a NumPy array."""
+        bounds = np.cumsum([0, *self.numels])
+        return [flat[a:b].reshape(s) for a, b, s in zip(bounds[:-1], bounds[1:], self.shapes)]
+
+
+class _StandIn:
+    """A model variable's name, path, dtype and identity with no values: the recipe optimizer built
+    over stand-ins has data parallelism's variable paths and order, and zero-size slots."""
+
+    overwrite_with_gradient = False
+
+    def __init__(self, variable: Any) -> None:
+        self.path, self.name, self.dtype = variable.path, variable.name, variable.dtype
+        self.shape = (0,)
+        self._unique_id = variable.value._unique_id  # the recipe optimizer's keys (weight-decay exclusions)
+
+
+class HostValue:
+    """A slot of the recipe optimizer as data parallelism's checkpoint holds it: the model variable's
+    shape, its values on rank 0 only while saving or loading (what :func:`_save_variables` and
+    :func:`_load_variables` of the adapter read and assign)."""
+
+    def __init__(self, path: str, shape: tuple[int, ...]) -> None:
+        self.path, self.shape, self.value = path, shape, None
+        self.name = path.rsplit("/", 1)[-1]
+
+    def numpy(self) -> np.ndarray:
+        """The values (after :meth:`ShardedOptimizer.collect`)."""
+        if self.value is None:
+            raise RuntimeError(f"{self.path}: the sharded optimizer state was not collected on this rank")
+        return self.value
+
+    def assign(self, value: Any) -> None:
+        """Keep loaded values until :meth:`ShardedOptimizer.broadcast` shares them out."""
+        self.value = np.asarray(value)
+
+
+@contextlib.contextmanager
+def _recording(optimizer: Any, made: list, stand_ins: bool) -> Iterator[None]:
+    """While building ``optimizer``: record ``(reference variable, slot name, slot)`` for every slot
+    it adds (stand-ins skip the TF backend's colocation with the reference)."""
+    def record(reference_variable: Any, name: str | None = None, initializer: Any = "zeros") -> Any:
+        if stand_ins:
+            slot = BaseOptimizer.add_variable_from_reference(optimizer, reference_variable, name=name,
+                                                             initializer=initializer)
+        else:
+            slot = original(reference_variable, name=name, initializer=initializer)
+        made.append((reference_variable, name, slot))
+        return slot
+
+    original = optimizer.add_variable_from_reference
+    optimizer.add_variable_from_reference = record
+    try:
+        yield
+    finally:
+        del optimizer.add_variable_from_reference
+
+
+class ShardedOptimizer:
+    """The recipe's ``optimizer`` (Keras) with its state sharded across the ranks.
+
+    ``outer`` is what the adapter calls its optimizer (``optimizer`` itself, or Keras's
+    ``LossScaleOptimizer`` around it): it is built over stand-ins here. ``variables``: the model's
+    trainable variables (Keras variables). ``inner``: the shard optimizer, built over ``shards``."""
+
+    def __init__(self, optimizer: Any, outer: Any, variables: list[Any], mode: str) -> None:
+        check_optimizer(optimizer, mode)
+        self.mode, self.size, self.rank = mode, hvd.size(), hvd.rank()
+        self.recipe, self.outer = optimizer, outer
+        factor = getattr(optimizer, "_lr_factor", lambda v: 1.0)
+        kinds: dict[tuple, list[Any]] = {}
+        for v in variables:  # variables the optimizer treats alike share a buffer
+            kinds.setdefault((str(v.dtype), bool(optimizer._use_weight_decay(v)), factor(v)), []).append(v)
+        self.groups = [FlatGroup(vs, self.size, self.rank) for vs in kinds.values()]
+        self.shards = [keras.Variable(g.mine(g.flatten(list(g.variables))), dtype=g.dtype.name,
+                                      name=f"zero_shard_{i}") for i, g in enumerate(self.groups)]
+        self.inner = type(optimizer).from_config(optimizer.get_config())
+        for key in EXTRA_HYPERPARAMETERS:
+            if hasattr(optimizer, key):
+                setattr(self.inner, key, getattr(optimizer, key))
+        no_decay = [s for s, (_, decay, _) in zip(self.shards, kinds) if not decay]
+        if no_decay:
+            self.inner.exclude_from_weight_decay(var_list=no_decay)
+        for shard, (_, _, lr_factor) in zip(self.shards, kinds):
+            if lr_factor != 1.0:
+                self.inner.set_lr_factor([shard], lr_factor)
+        inner_made: list = []
+        with _recording(self.inner, inner_made, stand_ins=False):
+            self.inner.build(self.shards)
+        shell_made: list = []
+        with _recording(optimizer, shell_made, stand_ins=True):
+            outer.build([_StandIn(v) for v in variables])
+        self.slot_names = sorted({name for _, name, _ in inner_made})
+        index = {id(s): i for i, s in enumerate(self.shards)}
+        self.slots = {(index[id(ref)], name): slot for ref, name, slot in inner_made}  # (group, name) -> shard slot
+        where = {v.path: (g, i) for g, group in enumerate(self.groups) for i, v in enumerate(group.variables)}
+        shape = {v.path: tuple(int(d) for d in v.shape) for v in variables}
+        self._host = {id(slot): (where[ref.path], name, HostValue(slot.path, shape[ref.path]))
+                      for ref, name, slot in shell_made}
+        slot_ids = {id(slot) for _, _, slot in inner_made}
+        shell_scalars = [v for v in optimizer.variables if id(v) not in self._host]
+        inner_scalars = [v for v in self.inner.variables if id(v) not in slot_ids]
+        if [v.name for v in shell_scalars] != [v.name for v in inner_scalars]:
+            raise RuntimeError(f"sharded optimizer: the shard optimizer's own variables "
+                               f"{[v.name for v in inner_scalars]} are not the recipe optimizer's "
+                               f"{[v.name for v in shell_scalars]}")
+        self.scalars = list(zip(shell_scalars, inner_scalars))  # the recipe's and the shard optimizer's
+        self.own = [v for v in outer.variables if id(v) not in self._host]  # loss scale too: real, whole
+        self._collective_id = 0
+
+    # -- the update (graph ops, inside the adapter's tf.function step) ---------------------------
+
+    def global_norm(self, shard_grads: list[Any]) -> Any:
+        """The norm of the whole gradient from every rank's slices (a scalar allreduce)."""
+        squares = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in shard_grads])
+        if self.size > 1:
+            squares = hvd.allreduce(squares, op=hvd.Sum, name="hvdtrain.zero.norm")  # distributed
+        return tf.sqrt(squares)
+
+    def apply(self, shard_grads: list[Any]) -> None:
+        """Step the shard optimizer on this rank's slices of the (unscaled, clipped) gradients."""
+        self.inner.apply_gradients(zip(shard_grads, self.shards))
+
+    def gather(self) -> None:
+        """All-gather the updated slices and assign the whole model on every rank (a collective)."""
+        values = [tf.convert_to_tensor(s) for s in self.shards]
+        if self.size > 1:
+            values = hvd.grouped_allgather(values, name="hvdtrain.zero.params")  # distributed
+        for group, flat in zip(self.groups, values):
+            for variable, value in zip(group.variables, group.split(flat)):
+                variable.assign(value)
+
+    def set_learning_rate(self, lr: float) -> None:
+        """The learning rate the schedule set: into the shard optimizer (and the recipe's, saved)."""
+        self.inner.learning_rate = lr
+
+    # -- parameters and state, eagerly --------------------------------------------------------------
+
+    def take_parameters(self) -> None:
+        """Each shard's values from the model variables (after they were loaded or broadcast)."""
+        for group, shard in zip(self.groups, self.shards):
+            shard.assign(group.mine(group.flatten(list(group.variables))))
+
+    def checkpoint_variables(self) -> list[Any]:
+        """What ``optimizer.npz`` holds, in data parallelism's order: the recipe optimizer's real
+        scalars and a :class:`HostValue` for each slot."""
+        return [self._host[id(v)][2] if id(v) in self._host else v for v in self.outer.variables]
+
+    def variables(self) -> list[Any]:
+        """This rank's optimizer variables (an in-memory snapshot's)."""
+        return self.own + list(self.inner.variables)
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer slots this rank keeps."""
+        return sum(int(np.prod(s.shape)) * tf.as_dtype(s.dtype).size for s in self.slots.values())
+
+    def _name(self, what: str) -> str:
+        self._collective_id += 1
+        return f"hvdtrain.zero.{what}.{self._collective_id}"
+
+    def _by_slot(self) -> dict[tuple[int, str], list[HostValue | None]]:
+        """``(group, slot name) -> [host value of each of the group's variables]``."""
+        out: dict[tuple[int, str], list[HostValue | None]] = {
+            key: [None] * len(self.groups[key[0]].variables) for key in self.slots}
+        for (group, i), name, host in self._host.values():
+            out.setdefault((group, name), [None] * len(self.groups[group].variables))[i] = host
+        return out
+
+    def collect(self, root_rank: int = 0) -> None:
+        """Every rank, before ``root_rank`` saves: bring each slot's shards to the root's host values
+        (one ``alltoall`` per buffer and slot kind: the other ranks receive nothing)."""
+        for shell, inner in self.scalars:
+            shell.assign(inner)
+        for key, hosts in self._by_slot().items():
+            shard = tf.convert_to_tensor(self.slots[key]) if key in self.slots else None
+            if shard is None:
+                continue
+            splits = [shard.shape[0] if r == root_rank else 0 for r in range(self.size)]
+            whole = shard if self.size == 1 else hvd.alltoall(shard, splits=splits,  # distributed
+                                                              name=self._name("collect"))[0]
+            if self.rank == root_rank:
+                for host, value in zip(hosts, self.groups[key[0]].split_host(whole.numpy())):
+                    if host is not None:
+                        host.value = value.copy()
+            for host in hosts:
+                if host is not None and self.rank != root_rank:
+                    host.value = None
+
+    def release(self) -> None:
+        """Drop the host copies (after saving)."""
+        for _, _, host in self._host.values():
+            host.value = None
+
+    def broadcast(self, root_rank: int = 0) -> None:
+        """Every rank, after the model variables were broadcast: take this rank's slice of the
+        parameters, the root's scalars and this rank's slice of what the root loaded (a fresh start
+        loaded nothing: the slots stay zero); the host copies are dropped (a collective)."""
+        self.take_parameters()
+        if self.size > 1:
+            hvd.broadcast_variables([getattr(v, "value", v) for v in self.own], root_rank=root_rank)  # distributed
+        for shell, inner in self.scalars:
+            inner.assign(shell)
+        by_slot = self._by_slot()
+        loaded = self.rank == root_rank and any(h.value is not None for hs in by_slot.values() for h in hs if h)
+        if self.size > 1:
+            loaded = hvd.broadcast_object(loaded, root_rank=root_rank, name=self._name("loaded"))  # distributed
+        if loaded:
+            for key, hosts in by_slot.items():
+                group = self.groups[key[0]]
+                if self.rank == root_rank:
+                    flat = group.flatten_host([h.value if h is not None else None for h in hosts])
+                    splits = [group.shard] * self.size
+                else:
+                    flat, splits = np.zeros(0, dtype=group.dtype.as_numpy_dtype), [0] * self.size
+                mine = flat if self.size == 1 else hvd.alltoall(tf.constant(flat), splits=splits,  # distributed
+                                                                name=self._name("scatter"))[0]
+                if key in self.slots:
+                    self.slots[key].assign(mine)
+        self.release()
+
+
+class ShardedExchange(Stateless):
+    """The sharded optimizer's gradient exchange: the flat gradient buffers averaged with one grouped
+    allreduce of which this rank keeps its slice (``optimizer``, ZeRO-1), or reduce-scattered
+    (``gradients``, ZeRO-2); optional float16 on the wire. Returns this rank's averaged slices."""
+
+    def __init__(self, sharded: ShardedOptimizer, variables: list[Any], compression: Any) -> None:
+        self.sharded, self.compression = sharded, compression
+        self.position = {id(v): i for i, v in enumerate(variables)}  # the order of the gradients reduce() gets
+
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """This rank's slice of every averaged flat buffer (a collective; graph ops)."""
+        sharded = self.sharded
+        flats = [g.flatten([grads[self.position[id(v)]] for v in g.variables]) for g in sharded.groups]
+        if sharded.size == 1:
+            return flats
+        fp16 = self.compression is hvd.Compression.fp16
+        wire = [tf.cast(f, tf.float16) for f in flats] if fp16 else flats
+        out: list[Any] = [None] * len(wire)
+        for dtype in sorted({w.dtype.name for w in wire}):  # Horovod groups one dtype per call
+            which = [i for i, w in enumerate(wire) if w.dtype.name == dtype]
+            tensors = [wire[i] for i in which]
+            if sharded.mode == "gradients":
+                reduced = hvd.grouped_reducescatter(tensors, op=hvd.Average)  # distributed
+            else:
+                reduced = hvd.grouped_allreduce(tensors, op=hvd.Average,  # distributed
+                                                name=f"hvdtrain.zero.grads.{dtype}")
+                reduced = [sharded.groups[i].mine(r) for i, r in zip(which, reduced)]
+            for i, r in zip(which, reduced):
+                out[i] = r
+        return [tf.cast(r, g.dtype) for r, g in zip(out, sharded.groups)] if fp16 else out
