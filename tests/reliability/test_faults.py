@@ -58,7 +58,11 @@ def test_a_hung_rank_becomes_an_error_after_the_stall_timeout(tmp_path):
 
 
 @pytest.mark.distributed
-def test_crash_between_checkpoint_write_and_rename_keeps_the_previous_one(tmp_path):
+def test_crash_before_publishing_keeps_the_previous_checkpoint_and_a_corrupted_one_is_named(tmp_path):
+    """One run, three jobs: a crash between writing checkpoint step 12 and publishing it leaves
+    epoch-0001, which the resume continues from; then the finished run's last checkpoint is
+    truncated and the next resume names it and falls back to the one before, step-00000012 (the
+    in-process lane, tests/fast/test_resume_planning.py, tries truncation and corruption at length)."""
     out = tmp_path / "run"
     args = ["--epochs", "2", "--set", "checkpoint.every_steps=4"]
     proc = horovodrun(recipe(out, *args), check=False, env={"HVDTRAIN_FAULT": "crash-in-checkpoint:step=12"})
@@ -70,22 +74,14 @@ def test_crash_between_checkpoint_write_and_rename_keeps_the_previous_one(tmp_pa
     resumed = horovodrun(recipe(out, *args, "--resume"))
     assert "epoch-0001" in resumed.stdout and "at epoch 2" in resumed.stdout
     names = checkpoint_names(out)
-    assert "epoch-0002" in names and not any(n.startswith(".tmp-") for n in names)
+    assert "epoch-0002" in names and "step-00000012" in names and not any(n.startswith(".tmp-") for n in names)
 
-
-@pytest.mark.distributed
-def test_corrupted_checkpoint_is_named_and_the_previous_one_used(tmp_path):
-    """One job writes two epochs, the second is truncated, the resume falls back to the first (the
-    in-process lane, tests/fast/test_resume_planning.py, tries truncation and corruption at length)."""
-    out = tmp_path / "run"
-    horovodrun(recipe(out, "--epochs", "2"))
     model = out / "checkpoints" / "epoch-0002" / "model.pt"
     model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])  # truncated by a full disk, say
-
-    proc = horovodrun(recipe(out, "--epochs", "2", "--resume"))
+    proc = horovodrun(recipe(out, *args, "--resume"))
     output = proc.stdout + proc.stderr
     assert "epoch-0002" in output and "model.pt" in output and "SHA-256" in output
-    assert "resuming from" in output and "epoch-0001 at epoch 2" in output
+    assert "resuming from" in output and "step-00000012 at epoch 2, after" in output
     names = checkpoint_names(out)
     assert "epoch-0002" in names and any(n.startswith(".corrupt-epoch-0002") for n in names)  # kept, not lost
     assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
