@@ -177,6 +177,20 @@ class EarlyStopping:
                 f"with --resume")
 
 
+def continue_from(config: Any, history: list[dict[str, Any]], gate: Any) -> EarlyStopping | None:
+    """The run's early-stop state after the epochs in ``history`` (None when off): what a resume or
+    an elastic re-form continues from. A run that had already stopped trains no further (rank 0
+    says so through ``gate``)."""
+    settings = Settings.of(config)
+    if settings is None:
+        return None
+    stopper = EarlyStopping.restore(settings, history)
+    if stopper.stopped:
+        gate.print(f"hvdtrain: the run stopped early after epoch {stopper.epoch}: {stopper.reason()}; "
+                   f"nothing left to train ({stopper.how_to_continue()})")
+    return stopper
+
+
 def resume_refusal(config: Any, saved_config: dict[str, Any], history: list[dict[str, Any]]) -> str | None:
     """Rank 0's check of a ``--resume``, before training: a run that stopped early is not trained
     past its stop with more ``train.epochs`` (the same or fewer epochs finish it as they would a

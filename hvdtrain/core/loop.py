@@ -5,9 +5,13 @@
 epoch by construction (equal shards, same batch count), and calls the same collectives in the same
 order. The loop only loops; each concern it drives lives in its own module:
 
-* where a run starts: :mod:`hvdtrain.core.resume` (rank 0 plans, every rank follows the plan);
+* where a run starts: :mod:`hvdtrain.core.resume` (rank 0 plans, every rank follows the plan),
+  carried out on every rank by :mod:`hvdtrain.core.startup`;
 * when and what to checkpoint: :class:`~hvdtrain.core.saving.CheckpointPolicy`;
+* when to stop on a scheduler's signal: :class:`~hvdtrain.core.preemption.PreemptionWatch`;
 * when to commit in elastic mode: :func:`hvdtrain.core.elastic.commit_due`;
+* when to stop early: :mod:`hvdtrain.core.early_stop`; the validation metrics:
+  :mod:`hvdtrain.core.evaluation`; the result, state and totals: :mod:`hvdtrain.core.results`;
 * the watchdog's beats, fault injection, progress lines and the recipe's export: callbacks
   (:mod:`hvdtrain.core.visibility`), called around each micro-batch.
 
@@ -23,75 +27,34 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from hvdtrain.core import compression_state, dataset_check, elastic, resume, rules, sharding
-from hvdtrain.core.early_stop import EarlyStopping, Settings as EarlyStopSettings
-from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, load_adapter
+from hvdtrain.core import dataset_check, early_stop, elastic, resume, rules, sharding, startup
+from hvdtrain.core.adapter import FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager
-from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.config import RunConfig, dump_yaml
+from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.errors import TrainingError
-from hvdtrain.core.outputdir import CONFIG_FILE, OutputLock, discard_unfinished  # noqa: F401  (CONFIG_FILE: hvdtrain.reporting)
-from hvdtrain.tools.hosts import describe_workers
+from hvdtrain.core.evaluation import evaluate
+from hvdtrain.core.outputdir import CONFIG_FILE, OutputLock, discard_unfinished
 from hvdtrain.core.prefetch import prefetch
+from hvdtrain.core.preemption import PreemptionWatch
 from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.registry import get_builder, get_recipe
-from hvdtrain.core.preemption import PreemptionWatch, Preempted, stop_message
+from hvdtrain.core.results import EpochStats, RunResult, TrainingState, done_line, epoch_line
 from hvdtrain.core.resume import METRICS_FILE, Position
 from hvdtrain.core.saving import CheckpointPolicy
 from hvdtrain.core.schedule import build_schedule, schedule_step
 from hvdtrain.core.visibility import check_trackers, default_callbacks, run_callbacks
 from hvdtrain.core.watchdog import StallWatchdog
+from hvdtrain.tools.hosts import describe_workers
 
-
-
-@dataclass
-class RunResult:
-    """What a finished run returns on every rank (files exist on rank 0's disk)."""
-
-    output: Path
-    history: list[dict[str, Any]] = field(default_factory=list)
-    checkpoint: Path | None = None
-    world_size: int = 1
-
-    @property
-    def final(self) -> dict[str, Any]:
-        """The last epoch's metrics (empty if no epoch ran)."""
-        return self.history[-1] if self.history else {}
-
-
-@dataclass
-class TrainingState:
-    """What training carries between steps and, in elastic mode, between worker-set changes."""
-
-    position: Position
-    history: list[dict[str, Any]]
-    carried: dict[str, Any] | None = None
-    last_checkpoint: Path | None = None
-
-    def commit(self) -> None:
-        """A point training could be rolled back to (a no-op outside elastic mode)."""
-
-
-@dataclass
-class EpochStats:
-    """This rank's running totals for one training epoch (``loss_sum`` may be a framework scalar
-    on the device until :meth:`totals` reads it: no host synchronisation per step)."""
-
-    global_step: int
-    lr: float = 0.0
-    loss_sum: Any = 0.0
-    samples: int = 0
-
-    def totals(self) -> dict[str, Any]:
-        """The partial totals as plain numbers (what checkpoints and elastic commits carry)."""
-        return {"loss_sum": float(self.loss_sum), "samples": self.samples}
+# Importable from here as before: hvdtrain.reporting (CONFIG_FILE, METRICS_FILE), the CLI and tests
+# (TrainingError), hvdtrain/__init__.py and hvdtrain.api (RunResult); the others are used here.
+__all__ = ["CONFIG_FILE", "METRICS_FILE", "EpochStats", "RunResult", "Trainer", "TrainingError", "TrainingState",
+           "train"]
 
 
 class Trainer:
@@ -161,30 +124,14 @@ class Trainer:
             self.announce_start()
             result = self._run_epochs(task, state)
         self.hooks.on_train_end(result)  # the recipe's export first
-        final = result.final
-        stopped = (final.get("early_stopping") or {}).get("stopped")
-        epochs = f"{final['epoch']}/{cfg.train.epochs} (stopped early)" if stopped else cfg.train.epochs
-        self.gate.print(f"hvdtrain: done {cfg.recipe}/{cfg.framework} np={self.ctx.size} epochs={epochs} "
-                        + " ".join(f"{k}={final[k]:.4f}" for k in final if k.startswith("val_"))
-                        + (f" samples/s={final['samples_per_sec']:.0f}" if final else "")
-                        + f" output={output}")
+        self.gate.print(done_line(cfg, self.ctx.size, result))
         return result
 
     def start(self, plan: dict[str, Any], collective: bool = True) -> TrainingState:
-        """Carry out the agreed ``plan`` on every rank (its notes on rank 0): restore the checkpoint,
-        and, when ``collective`` (not in an elastic sync, which broadcasts itself), broadcast it."""
-        adapter, ctx = self.adapter, self.ctx
+        """Carry out the agreed ``plan`` on every rank (:func:`hvdtrain.core.startup.start`)."""
         self.fresh_output = bool(plan.get("fresh"))
-        for note in plan.get("notes", []):
-            self.gate.warn(note)
-        self.watchdog.beat(0, "restoring the checkpoint")
-        position, history, carried = resume.restore(plan, adapter, ctx, self.gate, self.output, collective)
-        if collective:
-            adapter.broadcast_state(root_rank=0)
-            if carried is None:  # a fresh start, or a resume on another number of workers
-                self._reseed(position)
-        compression_state.restore(adapter, plan, ctx.rank, ctx.size, collective)  # exchange state
-        return TrainingState(position, history, carried, Path(plan["checkpoint"]) if plan.get("checkpoint") else None)
+        return startup.start(plan, self.adapter, self.ctx, self.gate, self.output, self.watchdog,
+                             self.config.train.seed, collective)
 
     def announce_start(self) -> None:
         """Rank 0, once every rank has agreed on the start: ``config.yaml``, and its pid and host
@@ -194,11 +141,8 @@ class Trainer:
             self.lock.announce()
 
     def _reseed(self, position: Position) -> None:
-        """Give this rank its own framework random stream (dropout masks differ between ranks,
-        as their data do), drawn from (seed, rank, position): reproducible for a given run."""
-        seed = np.random.SeedSequence([self.config.train.seed, self.ctx.rank, position.epoch,
-                                       position.consumed]).generate_state(1)[0]
-        self.adapter.reseed(int(seed))
+        """This rank's own framework random stream at ``position`` (:func:`hvdtrain.core.startup.reseed`)."""
+        startup.reseed(self.adapter, self.config.train.seed, self.ctx.rank, position)
 
     def _steps(self, task: Any) -> tuple[int, int]:
         """Micro-batches and optimizer steps per epoch at the current world size."""
@@ -221,7 +165,7 @@ class Trainer:
         self.hooks.on_train_begin(ctx, {"config": cfg, "output": self.output, "start_epoch": position.epoch,
                                         "steps_per_epoch": micro_steps, "world_size": ctx.size})
         global_step = position.step
-        stopper = self._early_stopping(state)
+        stopper = early_stop.continue_from(cfg, state.history, gate)  # None when off
         end = position.epoch if stopper and stopper.stopped else cfg.train.epochs
         for epoch in range(position.epoch, end):
             started = time.perf_counter()
@@ -237,7 +181,7 @@ class Trainer:
                                              "time": time.perf_counter() - started,
                                              "skipped": float(adapter.skipped_updates - skipped_before)})
             adapter.sync_replicas()  # local SGD: evaluate (and checkpoint) the averaged model
-            val = self._evaluate(task, ctx)
+            val = evaluate(task, adapter, ctx, cfg, self.watchdog)
             record = {
                 "epoch": epoch + 1,
                 "train_loss": totals["loss_sum"] / max(1.0, totals["samples"]),
@@ -257,11 +201,9 @@ class Trainer:
             state.last_checkpoint = saved or state.last_checkpoint
             gate.append_jsonl(self.output / METRICS_FILE, record)
             self.hooks.on_epoch_end(epoch, record)
-            gate.print("epoch {epoch}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
-                       "val_accuracy {acc:.4f} {samples_per_sec:.0f} samples/s".format(
-                           acc=record.get("val_accuracy", float("nan")), **record))
-            if epoch + 1 < end and not stop:  # after the last epoch the run simply ends
-                self._stop_if_signalled(Position(epoch + 1, 0, stats.global_step), None, saved=True)  # written above
+            gate.print(epoch_line(record))
+            self.preemption.at_epoch_end(self.checkpoints, ctx, Position(epoch + 1, 0, stats.global_step),
+                                         more_epochs=epoch + 1 < end and not stop)  # its checkpoint: just written
             state.position, state.carried = Position(epoch + 1, 0, stats.global_step), None
             state.commit()
             if stop:
@@ -269,18 +211,6 @@ class Trainer:
                            f"{stopper.reason()}")
                 break
         return RunResult(self.output, state.history, state.last_checkpoint, ctx.size)
-
-    def _early_stopping(self, state: TrainingState) -> EarlyStopping | None:
-        """The early-stop state after the epochs in ``state.history`` (None when off): what a resume
-        or an elastic re-form continues from. A run that had already stopped trains no further."""
-        settings = EarlyStopSettings.of(self.config)
-        if settings is None:
-            return None
-        stopper = EarlyStopping.restore(settings, state.history)
-        if stopper.stopped:
-            self.gate.print(f"hvdtrain: the run stopped early after epoch {stopper.epoch}: {stopper.reason()}; "
-                            f"nothing left to train ({stopper.how_to_continue()})")
-        return stopper
 
     def _train_epoch(self, task: Any, epoch: int, schedule: Any, stats: EpochStats, start: int,
                      state: TrainingState) -> None:
@@ -322,49 +252,10 @@ class Trainer:
                                               "steps": len(batch_list)})
             position = Position(epoch, start + (i + 1) * batch_size * ctx.data_size, stats.global_step)
             saved = self.checkpoints.maybe_save(ctx, position, stats, apply, last_in_epoch=i == last)
-            if apply and i != last:  # the last step's signal is heard after the epoch's checkpoint
-                self._stop_if_signalled(position, stats.totals(), saved)
+            self.preemption.maybe_stop(self.checkpoints, ctx, position, stats, apply, i == last, saved)
             if elastic.commit_due(cfg, stats.global_step, apply, checkpointed=saved):
                 state.position, state.carried = position, stats.totals()
                 state.commit()  # distributed: may raise to let Horovod add or remove workers here
-
-    def _stop_if_signalled(self, position: Position, totals: dict[str, Any] | None, saved: bool) -> None:
-        """At an optimizer-step boundary (``totals``: the epoch's partial sums) or an epoch's end
-        (None): when any rank got a preemption signal, every rank writes a step checkpoint here
-        (unless one was just written) and raises :class:`Preempted` (a collective while signals are
-        watched: :meth:`PreemptionWatch.agreed`)."""
-        signals = self.preemption.agreed(self.adapter)  # distributed
-        if not signals:
-            return
-        checkpoint = None
-        if self.config.checkpoint.enabled:
-            name = f"step-{position.step:08d}" if totals is not None else f"epoch-{position.epoch:04d}"
-            if not saved:
-                self.checkpoints.save(self.ctx, name, position, totals, None)
-                # distributed: no rank exits before rank 0 has written it (a launcher such as
-                # horovodrun ends the other workers as soon as one exits non-zero)
-                self.adapter.barrier()
-            checkpoint = str(self.manager.directory / name)
-        message = stop_message(signals, position.step, position.epoch if totals is not None else position.epoch - 1,
-                               checkpoint)
-        self.gate.print(f"hvdtrain: {message}")
-        raise Preempted(message, signals, checkpoint)
-
-    def _evaluate(self, task: Any, ctx: DistContext) -> dict[str, float]:
-        """Validation metrics over the whole validation set, each sample counted once."""
-        data = task.val_data
-        self.adapter.sync_model_buffers()  # distributed: evaluate the model rank 0 saves, on every rank
-        indices = sharding.eval_shard(len(data), ctx.data_rank, ctx.data_size)
-        sums: dict[str, float] = {}
-        for inputs, targets in prefetch(sharding.batches(indices, self.config.train.batch_size),
-                                        lambda idx: data.get_batch(idx, -1), self.config.data.prefetch_batches):
-            self.watchdog.beat(self.watchdog.step, "evaluating")
-            for k, v in self.adapter.eval_step(inputs, targets).items():
-                sums[k] = sums.get(k, 0.0) + v
-        self.watchdog.beat(self.watchdog.step, "waiting in collectives (evaluation metrics)")
-        keys = self.adapter.broadcast_object(sorted(sums) if ctx.is_main else None)
-        totals = self.adapter.allreduce_sums({k: sums.get(k, 0.0) for k in keys})
-        return {"loss": totals["loss_sum"] / max(1.0, totals["count"]), **task.finalize_metrics(totals)}
 
 
 def train(config: RunConfig, callbacks: list[Callback] | tuple[Callback, ...] = ()) -> RunResult:

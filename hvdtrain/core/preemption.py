@@ -10,7 +10,8 @@ and only records them. At each optimizer-step boundary the ranks agree, in one s
 whether any of them got one (:meth:`PreemptionWatch.agreed`), so all take the same decision at the
 same step and none waits in a collective the others have left. The loop then writes a step
 checkpoint (the same kind ``checkpoint.every_steps`` writes: it resumes bitwise) and raises
-:class:`Preempted`; the command line exits with :data:`EXIT_PREEMPTED` (75, ``EX_TEMPFAIL``: "try
+:class:`Preempted` (:meth:`PreemptionWatch.maybe_stop`, :meth:`PreemptionWatch.at_epoch_end`: the
+watch decides its own cadence, as the checkpoint policy does); the command line exits with :data:`EXIT_PREEMPTED` (75, ``EX_TEMPFAIL``: "try
 again") so that a job controller that restarts failed pods restarts it, and a requeued Slurm job
 or a restarted pod continues with ``checkpoint.resume=auto``. A second SIGTERM or SIGINT on a rank
 that is already stopping takes the signal's default action at once (a user's second Ctrl-C).
@@ -27,6 +28,7 @@ import threading
 from typing import Any
 
 from hvdtrain.core.config import preempt_signal_names
+from hvdtrain.core.rank0 import RankZeroGate
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the job stopped on request and can continue where it stopped
 IMMEDIATE_ON_REPEAT = ("TERM", "INT")  # a second one means "now"
@@ -87,6 +89,46 @@ class PreemptionWatch:
             return []
         sums = adapter.allreduce_sums({name: float(name in self.received) for name in self.names})  # distributed
         return [name for name in self.names if sums[name] > 0]
+
+    def maybe_stop(self, checkpoints: Any, ctx: Any, position: Any, stats: Any, applied: bool,
+                   last_in_epoch: bool, saved: bool) -> None:
+        """After a micro-batch: at an optimizer-step boundary other than the epoch's last (whose
+        signal is heard after the epoch's checkpoint), :meth:`stop_if_signalled` with the epoch's
+        running ``stats``; ``saved``: a step checkpoint was just written there."""
+        if applied and not last_in_epoch:
+            self.stop_if_signalled(checkpoints, ctx, position, stats, saved)
+
+    def at_epoch_end(self, checkpoints: Any, ctx: Any, position: Any, more_epochs: bool) -> None:
+        """After an epoch's checkpoint, when the run goes on (after the last epoch it simply ends):
+        :meth:`stop_if_signalled` at ``position`` (the next epoch's start), the epoch checkpoint
+        being the one to resume from."""
+        if more_epochs:
+            self.stop_if_signalled(checkpoints, ctx, position, None, saved=True)
+
+    def stop_if_signalled(self, checkpoints: Any, ctx: Any, position: Any, stats: Any, saved: bool) -> None:
+        """At an optimizer-step boundary (``stats``: the epoch's running
+        :class:`~hvdtrain.core.results.EpochStats`, whose partial totals the checkpoint keeps, read
+        only when stopping) or an epoch's end (None): when any rank got a signal, every rank writes
+        a step checkpoint here through ``checkpoints`` (the
+        :class:`~hvdtrain.core.saving.CheckpointPolicy`; unless ``saved``: one was just written) and
+        raises :class:`Preempted` (a collective while :attr:`enabled`)."""
+        adapter, config = checkpoints.adapter, checkpoints.config
+        signals = self.agreed(adapter)  # distributed
+        if not signals:
+            return
+        checkpoint, totals = None, stats.totals() if stats is not None else None
+        if config.checkpoint.enabled:
+            name = f"step-{position.step:08d}" if totals is not None else f"epoch-{position.epoch:04d}"
+            if not saved:
+                checkpoints.save(ctx, name, position, totals, None)
+                # distributed: no rank exits before rank 0 has written it (a launcher such as
+                # horovodrun ends the other workers as soon as one exits non-zero)
+                adapter.barrier()
+            checkpoint = str(checkpoints.manager.directory / name)
+        message = stop_message(signals, position.step, position.epoch if totals is not None else position.epoch - 1,
+                               checkpoint)
+        RankZeroGate(ctx.rank).print(f"hvdtrain: {message}")
+        raise Preempted(message, signals, checkpoint)
 
 
 def stop_message(signals: list[str], step: int, epoch: int, checkpoint: str | None) -> str:
