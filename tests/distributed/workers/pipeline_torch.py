@@ -2,7 +2,8 @@
 ``parallel.pipeline_stages=2`` (2 stages x 2 replicas).
 
 Usage: ``pipeline_torch.py REPORT_PATH MICRO_BATCHES CLIP_NORMS CHECKPOINT_DIR`` (CLIP_NORMS: one or
-more comma-separated norms, ``none`` for no clipping; each is one case of the same launch). Rank 0
+more comma-separated norms, ``none`` for no clipping, each optionally ``+fp16`` for
+``comm.compression=fp16``; each is one case of the same launch). Rank 0
 writes a JSON report, one entry per clip norm, with: the loss and the update (read off one SGD step)
 against a one-process run on the global batch (with clipping by the global norm when asked), the
 evaluation sums against the one-process model, the parameter spread across the replicas of each
@@ -51,11 +52,13 @@ def make_adapter(config, perturbed_rank):
     return adapter, ctx, model
 
 
-def case(clip, ckpt_dir):
-    """One clip norm's report (on rank 0; None elsewhere)."""
+def case(name, ckpt_dir):
+    """One case's report (on rank 0; None elsewhere): ``name`` is a clip norm, ``+fp16`` compresses."""
+    clip, _, compression = name.partition("+")
     config = load_config(overrides=["train.seed=0", "train.threads=1", "parallel.pipeline_stages=2",
                                     f"parallel.micro_batches={micro}", "optim.momentum=0.0",
-                                    f"optim.grad_clip_norm={clip}", f"train.batch_size={BATCH}"])
+                                    f"optim.grad_clip_norm={clip}", f"train.batch_size={BATCH}",
+                                    f"comm.compression={compression or 'none'}"])
     adapter, ctx, model = make_adapter(config, perturbed_rank=3)  # stage 1 of replica 1
     adapter.broadcast_state()
     my_stage = adapter.pipeline.stage  # this rank's stage: its own parameters, the cut
@@ -140,6 +143,6 @@ def case(clip, ckpt_dir):
     return None
 
 
-reports = {clip: case(clip, ckpt_root / clip) for clip in clips}
+reports = {name: case(name, ckpt_root / name) for name in clips}
 if hvd.rank() == 0:
     Path(report_path).write_text(json.dumps(reports))
