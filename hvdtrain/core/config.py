@@ -153,6 +153,12 @@ class TrainConfig:
     elastic_commit_every: int = _f(20, "elastic mode: commit the in-memory state every N optimizer steps "
                                    "(work since the last commit is redone after a failure)", min=1)
     deterministic: bool = _f(False, "ask the framework for deterministic kernels (bitwise reproducible runs)")
+    compile: str = _f("none", "compile the training step: 'none' runs it eagerly; 'default', 'reduce-overhead' or "
+                      "'max-autotune' compile the model's forward and backward with torch.compile in that mode "
+                      "(Horovod's gradient hooks and every comm exchange run unchanged around it); TensorFlow "
+                      "compiles the forward and gradient with XLA (jit_compile) for 'default' (the other two are "
+                      "torch modes). Checkpoints are the same either way",
+                      choices=("none", "default", "reduce-overhead", "max-autotune"))
     early_stopping: int | None = _f(None, "stop when early_stopping_metric has not improved by more than "
                                     "early_stopping_min_delta for this many epochs (None: never); every rank "
                                     "stops after the same epoch", min=1)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from hvdtrain.core import early_stop, finetune
+from hvdtrain.core.compiled import TORCH_ONLY_MODES
 from hvdtrain.core.config import ConfigError
 
 COMPRESSORS = ("powersgd", "topk")  # hvdtrain's own exchanges (the others are Horovod's allreduce)
@@ -243,6 +244,26 @@ def sharded_optimizer_with(config: Any) -> str | None:
     return None
 
 
+def compile_with_pipeline(config: Any) -> str | None:
+    """Pipeline stages run their own step (each stage's forward and backward per micro-batch);
+    ``train.compile`` compiles the data-parallel step only."""
+    if config.train.compile != "none" and config.parallel.pipeline_stages > 1:
+        return (f"train.compile={config.train.compile} cannot be combined with parallel.pipeline_stages="
+                f"{config.parallel.pipeline_stages}: pipeline stages run their own uncompiled step; use "
+                f"train.compile=none, or parallel.pipeline_stages=1")
+    return None
+
+
+def compile_mode_with_tensorflow(config: Any) -> str | None:
+    """``reduce-overhead`` and ``max-autotune`` are torch.compile modes; TensorFlow compiles with
+    XLA one way only, and running it under a mode's name would claim what does not happen."""
+    mode = config.train.compile
+    if config.framework == "tensorflow" and mode in TORCH_ONLY_MODES:
+        return (f"train.compile={mode} is a torch.compile mode; TensorFlow compiles the step with XLA "
+                f"(jit_compile) only: use train.compile=default (or none) with --framework tensorflow")
+    return None
+
+
 def early_stopping_metric(config: Any) -> str | None:
     """Early stopping watches a metric every rank agrees on (``train_loss`` or ``val_*``: computed
     from allreduced values), so all ranks stop after the same epoch; it needs one to watch. Whether
@@ -255,7 +276,7 @@ CONFIG_RULES: tuple[Callable[[Any], str | None], ...] = (
     error_feedback_with_loss_scaling, overlap_with_exchange, elastic_with_tuning, pipeline_with_elastic,
     pipeline_with_exchange, pipeline_with_accumulation, pipeline_with_adasum, pipeline_with_mixed_precision,
     pipeline_micro_batches, early_stopping_metric, pipeline_with_finetune, adasum_with_finetune,
-    sharded_optimizer_with,
+    sharded_optimizer_with, compile_with_pipeline, compile_mode_with_tensorflow,
 )
 
 

@@ -28,11 +28,13 @@ from hvdtrain.core import finetune
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.comm import overlap_gradients
+from hvdtrain.core.compiled import FirstStepClock
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
+from hvdtrain.tensorflow import compiled
 from hvdtrain.tensorflow.compression import Allreduce, build_exchange, tf_variables
 from hvdtrain.tensorflow.finetune import BackboneControl, LearningRateFactors, head_variables
 from hvdtrain.tensorflow.sharded import ShardedExchange, ShardedOptimizer
@@ -149,6 +151,11 @@ class TensorFlowAdapter(FrameworkAdapter):
         else:
             self.exchange = build_exchange(plan, self.trainable, self.model, self.optimizer)
         self._steps: dict[bool, tuple[Any, Any]] = {}  # per frozen-backbone mode: (apply, accumulate) step
+        # train.compile (hvdtrain.tensorflow.compiled): the forward and gradient by XLA, the rest as it is
+        self.compile_mode = train_config.compile
+        self._gradient_fns: dict[bool, Any] = {}  # per frozen-backbone mode, like the steps
+        self._compile_clock = FirstStepClock(compiled.describe(self.compile_mode), hvd.rank()) \
+            if self.compile_mode != "none" else FirstStepClock()
         self._eval = tf.function(self._eval_step, reduce_retracing=True, autograph=False)
 
     sharded: ShardedOptimizer | None = None  # parallel.shard_optimizer's, set by prepare()
@@ -226,15 +233,28 @@ class TensorFlowAdapter(FrameworkAdapter):
 
         return tf.cond(finite, apply, skip)
 
-    def _apply_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
-        """One update, inside ``tf.function``: local gradients (plus the accumulated ones), the
-        exchange's ``reduce``, the update, the exchange's ``after_update``."""
+    compile_mode = "none"
+    _compile_clock = FirstStepClock()  # times a compiled first step (this one: eager, never reports)
+
+    def _gradients(self, inputs: Any, targets: Any, weight: Any) -> tuple[Any, list[Any]]:
+        """The loss and this micro-batch's local gradients (what train.compile hands to XLA)."""
         with tf.GradientTape() as tape:
             if self._frozen:  # its BatchNormalization layers are non-trainable now: watch their variables too
                 tape.watch(tf_variables(self.trainable))
             _, loss = self._loss(inputs, targets, training=True)
             scaled = self._scale_loss(loss, weight)
-        grads = tape.gradient(scaled, tf_variables(self.trainable))
+        return loss, tape.gradient(scaled, tf_variables(self.trainable))
+
+    def _local_gradients(self, inputs: Any, targets: Any, weight: Any) -> tuple[Any, list[Any]]:
+        """:meth:`_gradients`, compiled by XLA with train.compile (traced per frozen-backbone mode)."""
+        if self._frozen not in self._gradient_fns:
+            self._gradient_fns[self._frozen] = compiled.gradient_function(self._gradients, self.compile_mode)
+        return self._gradient_fns[self._frozen](inputs, targets, weight)
+
+    def _apply_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
+        """One update, inside ``tf.function``: local gradients (plus the accumulated ones), the
+        exchange's ``reduce``, the update, the exchange's ``after_update``."""
+        loss, grads = self._local_gradients(inputs, targets, weight)
         if self.accumulators:
             grads = [a + tf.convert_to_tensor(g) for a, g in zip(self.accumulators, grads)]
             for a in self.accumulators:
@@ -246,12 +266,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         return loss, applied
 
     def _accumulate_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
-        with tf.GradientTape() as tape:
-            if self._frozen:
-                tape.watch(tf_variables(self.trainable))
-            _, loss = self._loss(inputs, targets, training=True)
-            scaled = self._scale_loss(loss, weight)
-        for a, g in zip(self.accumulators, tape.gradient(scaled, tf_variables(self.trainable))):
+        loss, grads = self._local_gradients(inputs, targets, weight)
+        for a, g in zip(self.accumulators, grads):
             a.assign_add(tf.convert_to_tensor(g))
         return loss, tf.constant(True)
 
@@ -313,7 +329,9 @@ class TensorFlowAdapter(FrameworkAdapter):
         train_apply, train_accumulate = self._step_functions()
         step = train_apply if apply_update or not self.accumulators else train_accumulate
         weight = tf.constant(1.0 / self.accumulation if weight is None else weight, dtype=tf.float32)
+        self._compile_clock.start()  # train.compile: the first step compiles, timed
         loss, applied = step(_as_tensor(inputs), tf.convert_to_tensor(targets), weight)
+        self._compile_clock.stop()
         if apply_update and not bool(applied):  # one host sync per update: train.nonfinite needs it
             if self.nonfinite == "error" and not self.loss_scaling:
                 raise NonFiniteGradientError(f"the allreduced gradient is not finite (loss on this rank {float(loss)})")

@@ -27,11 +27,13 @@ from hvdtrain.core import finetune
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.comm import overlap_gradients
+from hvdtrain.core.compiled import FirstStepClock
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
+from hvdtrain.torch import compiled
 from hvdtrain.torch.compression import Allreduce, build_exchange
 from hvdtrain.torch.finetune import LR_FACTOR, BackboneControl, head_parameters
 from hvdtrain.torch.sharded import FlatAllreduce, ShardedOptimizer
@@ -125,6 +127,11 @@ class TorchAdapter(FrameworkAdapter):
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        # train.compile (hvdtrain.torch.compiled): the forward/backward compiled, the model itself saved
+        self.step_model = compiled.step_module(self.model, train_config.compile)
+        self._compile_clock = FirstStepClock(compiled.describe(train_config.compile), hvd.rank()) \
+            if self.step_model is not self.model else FirstStepClock()
+
 
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0
@@ -215,11 +222,17 @@ class TorchAdapter(FrameworkAdapter):
             return {k: self._to_device(v) for k, v in inputs.items()}
         return self._to_device(inputs)
 
+    step_model: Any = None  # what runs the forward: the model, or train.compile's compiled module
+    _compile_clock = FirstStepClock()  # times a compiled first step (this one: eager, never reports)
+
     def _forward(self, inputs: Any) -> Any:
-        return self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
+        model = self.model if self.step_model is None else self.step_model
+        return model(**inputs) if isinstance(inputs, dict) else model(inputs)
+
 
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True,
                    weight: float | None = None) -> torch.Tensor:
+        self._compile_clock.start()  # train.compile: the first step compiles, timed
         self.model.train()
         if self.control is not None:
             self.control.after_train_mode()  # a frozen backbone's BatchNorm statistics stay
@@ -230,6 +243,7 @@ class TorchAdapter(FrameworkAdapter):
         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if apply_update:
             self._apply_update()
+        self._compile_clock.stop()
         return loss.detach()
 
     def _apply_update(self) -> None:

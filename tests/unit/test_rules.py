@@ -82,6 +82,12 @@ CONFIG_CASES = [
      ["train.early_stopping_metric='samples_per_sec'", "every worker agrees on", "train_loss", "val_loss"]),
     (rules.early_stopping_metric, ["train.early_stopping=3", "checkpoint.best_metric=epoch_time_sec"],
      ["checkpoint.best_metric='epoch_time_sec'", "train.early_stopping", "val_accuracy"]),
+    (rules.compile_with_pipeline, ["train.compile=default", "parallel.pipeline_stages=2"],
+     ["train.compile=default", "parallel.pipeline_stages=2", "train.compile=none"]),
+    (rules.compile_mode_with_tensorflow, ["train.compile=max-autotune", "framework=tensorflow"],
+     ["train.compile=max-autotune", "torch.compile mode", "XLA", "train.compile=default"]),
+    (rules.compile_mode_with_tensorflow, ["train.compile=reduce-overhead", "framework=tensorflow"],
+     ["train.compile=reduce-overhead", "train.compile=default"]),
 ]
 
 WORLD_CASES = [
@@ -147,6 +153,9 @@ def test_every_rule_in_the_book_is_exercised():
      "train.grad_accumulation=2", "optim.backbone_lr_factor=0.1", "train.mixed_precision=bf16"],
     ["train.early_stopping=2", "train.early_stopping_metric=val_loss", "checkpoint.best_metric=null"],
     ["train.early_stopping=2", "train.early_stopping_metric=train_loss", "train.early_stopping_mode=min"],
+    ["train.compile=max-autotune", "comm.compression=powersgd", "train.grad_accumulation=2"],
+    ["train.compile=default", "framework=tensorflow", "comm.local_sgd_steps=2"],
+    ["train.compile=reduce-overhead", "parallel.shard_optimizer=optimizer", "comm.compression=fp16"],
 ])
 def test_combinations_that_run_are_allowed(overrides):
     config = load_config(overrides=overrides)
