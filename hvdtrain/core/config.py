@@ -314,8 +314,9 @@ class ParallelConfig:
                   "possible) or a list of S-1 block boundaries such as [3]")
     shard_optimizer: str = _f("none", "'optimizer' (ZeRO-1): each rank keeps and updates 1/N of the optimizer "
                               "state and the updated parameters are all-gathered, the update equal to data "
-                              "parallelism's; checkpoints keep the whole state (PyTorch)",
-                              choices=("none", "optimizer"))
+                              "parallelism's; 'gradients' (ZeRO-2): also the gradients reduce-scattered, each "
+                              "rank keeping only its 1/N after the exchange; checkpoints keep the whole state",
+                              choices=("none", "optimizer", "gradients"))
 
     def check(self) -> None:
         """The cut must be 'balanced' or block boundaries (whether they fit the model is known only

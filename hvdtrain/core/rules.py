@@ -221,9 +221,9 @@ def adasum_with_finetune(config: Any) -> str | None:
 
 
 def sharded_optimizer_with(config: Any) -> str | None:
-    """The sharded optimizer (ZeRO-1) updates a flat slice of every parameter group from the averaged
-    gradients and all-gathers the result: it needs the whole averaged gradient, the whole model on
-    every rank and a fixed set of ranks."""
+    """The sharded optimizer (ZeRO-1 ``optimizer``, ZeRO-2 ``gradients``) updates a flat slice of every
+    parameter group from the averaged gradients (ZeRO-2: reduce-scattered) and all-gathers the result:
+    it needs the averaged gradient itself, the whole model on every rank and a fixed set of ranks."""
     mode = config.parallel.shard_optimizer
     if mode == "none":
         return None

@@ -36,7 +36,7 @@ from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch import compiled
 from hvdtrain.torch.compression import Allreduce, build_exchange
 from hvdtrain.torch.finetune import LR_FACTOR, BackboneControl, head_parameters
-from hvdtrain.torch.sharded import FlatAllreduce, ShardedOptimizer
+from hvdtrain.torch.sharded import FlatAllreduce, FlatReduceScatter, ShardedOptimizer
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -107,10 +107,11 @@ class TorchAdapter(FrameworkAdapter):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = self._fine_tuning(task, config)
         plan = comm_plan(config)
-        if config.parallel.shard_optimizer == "optimizer":  # ZeRO-1 (hvdtrain.torch.sharded; the rulebook allowed it)
-            self.optimizer = ShardedOptimizer(optimizer)
-            self.exchange = FlatAllreduce(self.optimizer, compression)
-            self.overlap = False  # the flat gradients are averaged once per update
+        if config.parallel.shard_optimizer != "none":  # ZeRO-1/2 (hvdtrain.torch.sharded; the rulebook allowed it)
+            zero2 = config.parallel.shard_optimizer == "gradients"
+            self.optimizer = ShardedOptimizer(optimizer, gradients=zero2)
+            self.exchange = (FlatReduceScatter if zero2 else FlatAllreduce)(self.optimizer, compression)
+            self.overlap = False  # the flat gradients are exchanged once per update
         elif plan is None:
             self.optimizer = hvd.DistributedOptimizer(
                 optimizer, named_parameters=self.model.named_parameters(),
@@ -240,6 +241,8 @@ class TorchAdapter(FrameworkAdapter):
         with self._autocast():
             loss = self.task.loss_fn(self._forward(inputs), targets)
         scaled = loss * (1.0 / self.accumulation if weight is None else weight)
+        if isinstance(self.optimizer, ShardedOptimizer):
+            self.optimizer.attach_grads()  # the flat buffers backward accumulates into (ZeRO-2 frees them)
         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if apply_update:
             self._apply_update()
@@ -256,10 +259,15 @@ class TorchAdapter(FrameworkAdapter):
         if self.control is not None and self.control.frozen:  # no update at all for a frozen backbone
             self.control.drop_frozen_grads()
             grads = [g for p, g in zip(self.params, grads) if not self.control.is_frozen(p)]
+        sharded = isinstance(self.exchange, FlatReduceScatter)  # grads: this rank's shard of the gradient
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
+            if sharded:
+                self.exchange.agree_on_overflow(self.scaler)  # distributed
         grads = [g for g in grads if g is not None]
         norm = torch.nn.utils.get_total_norm(grads)
+        if sharded:
+            norm = self.exchange.global_norm(norm)  # distributed
         if self.scaler is None and not torch.isfinite(norm):
             self._end_update()
             if self.nonfinite == "error":
@@ -267,7 +275,8 @@ class TorchAdapter(FrameworkAdapter):
             self._skips += 1
             return
         if self.grad_clip_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.grad_clip_norm, norm)
+            torch.nn.utils.clip_grads_with_norm_(  # the gradients the optimizer applies
+                [p for group in self.optimizer.param_groups for p in group["params"]], self.grad_clip_norm, norm)
         with self.exchange.stepping():
             if self.scaler is not None:
                 scale = self.scaler._scale.clone()  # the scale tensor, read without a host sync

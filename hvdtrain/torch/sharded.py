@@ -1,5 +1,5 @@
-"""Optimizer state sharded across ranks (ZeRO-1, ``parallel.shard_optimizer=optimizer``) on Horovod's
-collectives, for PyTorch.
+"""Optimizer state (ZeRO-1, ``parallel.shard_optimizer=optimizer``) and gradients (ZeRO-2,
+``=gradients``) sharded across ranks on Horovod's collectives, for PyTorch.
 
 Each of the recipe optimizer's parameter groups is laid out as one flat buffer: its trainable
 parameters concatenated in order, zero-padded to a multiple of the world size ``N``
@@ -14,6 +14,20 @@ hyperparameters per group) over one flat tensor per group. One update:
 2. :meth:`ShardedOptimizer.step` steps the shard optimizer on this rank's slice of the (clipped)
    gradients, then one grouped allgather of the updated slices writes the whole model back on every
    rank.
+
+With ``gradients`` (ZeRO-2) :class:`FlatReduceScatter` replaces step 1: one grouped
+reduce-scatter (op Average) leaves each rank the averaged gradient of its own slice only, as the
+shard's ``.grad``; the whole flat buffers are freed right after it and allocated again (zeroed) by
+:meth:`ShardedOptimizer.attach_grads` before the next backward pass. The adapter's update then works
+on the shards: :attr:`ShardedOptimizer.param_groups` are the shard optimizer's groups (the loss
+scaler unscales the shard, clipping scales it), the gradient norm is the global one
+(:meth:`FlatReduceScatter.global_norm`: the squared shard norms summed across ranks; padding zeros add
+nothing), and a non-finite value in any rank's shard (or an fp16 overflow found on any rank, see
+:meth:`FlatReduceScatter.agree_on_overflow`) skips the update on every rank. Gradient accumulation
+sums the micro-batches in the whole buffers locally and reduce-scatters once per update. Memory: a
+whole-size gradient buffer still lives through the backward pass (no bucketing: the reduce-scatter
+runs once, after it); between the exchange and the next backward pass a rank holds ``1/N`` of the
+gradients.
 
 The update is the data-parallel one element by element, because the optimizers allowed
 (:data:`ELEMENTWISE`) update each element from that element's gradient and state alone; an optimizer
@@ -79,11 +93,11 @@ class FlatLayout:
         return flat[self.start:self.start + self.shard]
 
 
-def check_optimizer(optimizer: torch.optim.Optimizer) -> None:
+def check_optimizer(optimizer: torch.optim.Optimizer, mode: str = "optimizer") -> None:
     """Refuse an optimizer whose update is not element by element (see the module docstring)."""
     name = type(optimizer).__name__
     if name not in ELEMENTWISE:
-        raise ConfigError(f"parallel.shard_optimizer=optimizer: the recipe's optimizer {name} is not one whose "
+        raise ConfigError(f"parallel.shard_optimizer={mode}: the recipe's optimizer {name} is not one whose "
                           f"update works element by element on a flat slice; use one of {', '.join(ELEMENTWISE)}, "
                           f"or parallel.shard_optimizer=none")
 
@@ -95,9 +109,10 @@ class ShardedOptimizer:
     the learning rate is set there), ``step``, ``zero_grad``, ``state``, ``state_dict`` and
     ``load_state_dict`` (the recipe optimizer's whole state, see :meth:`gather`)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        check_optimizer(optimizer)
+    def __init__(self, optimizer: torch.optim.Optimizer, gradients: bool = False) -> None:
+        check_optimizer(optimizer, "gradients" if gradients else "optimizer")
         self.optimizer = optimizer  # holds the hyperparameters; its state only while loading or saving
+        self.gradients = gradients  # ZeRO-2: only the shard's gradients outlive the exchange
         self.size, self.rank = hvd.size(), hvd.rank()
         self.layouts: list[FlatLayout] = []
         shards, groups = [], []
@@ -114,17 +129,18 @@ class ShardedOptimizer:
         self.shards = shards
         # the gradients live in one flat buffer per group: each p.grad is a view of it, so the backward
         # pass accumulates into the buffer and the exchange averages it in place (no copies)
-        self.grad_flats = [torch.zeros(layout.padded, dtype=layout.params[0].dtype, device=layout.params[0].device)
-                           for layout in self.layouts]
-        self._attach_grads()
+        self.grad_flats: list[torch.Tensor | None] = [None] * len(self.layouts)
+        self.attach_grads()
         accepted = inspect.signature(type(optimizer).__init__).parameters  # AdamW's defaults hold more
         self.inner = type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
         self._full: dict[str, Any] | None = None  # rank 0, between gather() and state_dict()
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        """The recipe optimizer's groups (the whole parameters, the hyperparameters to use)."""
-        return self.optimizer.param_groups
+        """The groups whose ``params`` hold the gradients the update applies, and whose
+        hyperparameters are set by the schedule: the recipe optimizer's (the whole parameters) for
+        ZeRO-1, the shard optimizer's (this rank's flat slices) for ZeRO-2."""
+        return self.inner.param_groups if self.gradients else self.optimizer.param_groups
 
     @property
     def state(self) -> Any:
@@ -132,36 +148,62 @@ class ShardedOptimizer:
         return self.inner.state
 
     @torch.no_grad()
-    def _attach_grads(self) -> None:
-        """Make every ``p.grad`` a view of its group's flat buffer again (after something replaced one)."""
-        for layout, flat in zip(self.layouts, self.grad_flats):
-            for p, view in zip(layout.params, layout.split(flat)):
+    def attach_grads(self) -> None:
+        """Make every ``p.grad`` a view of its group's flat buffer again: allocate the buffer (zeros)
+        when ZeRO-2 freed it, and take over a gradient something replaced."""
+        for i, layout in enumerate(self.layouts):
+            if self.grad_flats[i] is None:
+                like = layout.params[0]
+                self.grad_flats[i] = torch.zeros(layout.padded, dtype=like.dtype, device=like.device)
+            for p, view in zip(layout.params, layout.split(self.grad_flats[i])):
                 if p.grad is None or p.grad.data_ptr() != view.data_ptr():
                     if p.grad is not None:
                         view.copy_(p.grad)
                     p.grad = view
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the flat gradient buffers (the gradients stay views of them)."""
+        """Zero the flat gradient buffers (the gradients stay views of them); drop the shards'."""
         for flat in self.grad_flats:
-            flat.zero_()
+            if flat is not None:
+                flat.zero_()
         for shard in self.shards:
             shard.grad = None
 
     @torch.no_grad()
+    def free_grads(self) -> None:
+        """ZeRO-2, after the reduce-scatter: drop the whole flat gradient buffers (and the
+        parameters' views of them); :meth:`attach_grads` allocates them again."""
+        for layout in self.layouts:
+            for p in layout.params:
+                p.grad = None
+        self.grad_flats = [None] * len(self.layouts)
+
+    def gradient_bytes(self) -> int:
+        """Bytes of gradients this rank holds now: the whole flat buffers while allocated, and
+        the shards' gradients."""
+        flats = sum(f.numel() * f.element_size() for f in self.grad_flats if f is not None)
+        return flats + sum(s.grad.numel() * s.grad.element_size() for s in self.shards if s.grad is not None)
+
+    @torch.no_grad()
     def step(self) -> None:
-        """Update this rank's slice from the averaged gradients in ``p.grad`` (views of the flat
-        buffers since :meth:`FlatAllreduce.reduce`), then all-gather the updated slices into every
-        parameter (a collective)."""
-        for group, inner in zip(self.optimizer.param_groups, self.inner.param_groups):
-            inner.update({k: v for k, v in group.items() if k != "params"})  # the LR the schedule set
-        for layout, shard, flat in zip(self.layouts, self.shards, self.grad_flats):
-            shard.grad = layout.mine(flat)
+        """Update this rank's slice from the averaged gradients (ZeRO-1: in ``p.grad``, views of the
+        flat buffers since :meth:`FlatAllreduce.reduce`; ZeRO-2: the shards' own, from
+        :meth:`FlatReduceScatter.reduce`), then all-gather the updated slices into every parameter
+        (a collective)."""
+        if not self.gradients:
+            self._copy_hyperparameters()  # the LR the schedule set
+            for layout, shard, flat in zip(self.layouts, self.shards, self.grad_flats):
+                shard.grad = layout.mine(flat)
         self.inner.step()
         whole = hvd.grouped_allgather([s.detach() for s in self.shards], name="hvdtrain.zero.params")  # distributed
         for layout, flat in zip(self.layouts, whole):
             for p, value in zip(layout.params, layout.split(flat)):
                 p.copy_(value)
+
+    def _copy_hyperparameters(self) -> None:
+        """The recipe optimizer's hyperparameters into the shard optimizer's groups."""
+        for group, inner in zip(self.optimizer.param_groups, self.inner.param_groups):
+            inner.update({k: v for k, v in group.items() if k != "params"})
 
     # -- the recipe optimizer's state, whole, for checkpoints ------------------------------------
 
@@ -192,8 +234,8 @@ class ShardedOptimizer:
                     state[index[id(p)]] = {**{k: v.clone() if torch.is_tensor(v) else v for k, v in scalars.items()},
                                            **{k: per_key[k][i].clone() for k in keys}}
         groups = []
-        for group in self.optimizer.param_groups:
-            groups.append({**{k: v for k, v in group.items() if k != "params"},
+        for group, hyper in zip(self.optimizer.param_groups, self.param_groups):  # the hyperparameters in force
+            groups.append({**{k: v for k, v in hyper.items() if k != "params"},
                            "params": [index[id(p)] for p in group["params"]]})
         self._full = {"state": state, "param_groups": groups}
 
@@ -224,6 +266,7 @@ class ShardedOptimizer:
                                     root_rank=root_rank, name="hvdtrain.zero.load")
         self.optimizer.state.clear()
         self.inner.state.clear()
+        self._copy_hyperparameters()
         self._take_parameters()
         if not full["state"]:
             return
@@ -257,7 +300,7 @@ class FlatAllreduce(Stateless):
         ``DistributedOptimizer`` then). Float16 on the wire as Horovod's ``Compression.fp16`` does it:
         cast, averaged in float16, cast back."""
         optimizer = self.optimizer
-        optimizer._attach_grads()
+        optimizer.attach_grads()
         if optimizer.size > 1:
             flats = optimizer.grad_flats
             wire = [f.to(torch.float16) for f in flats] if self.compression is hvd.Compression.fp16 else flats
@@ -270,3 +313,46 @@ class FlatAllreduce(Stateless):
     def stepping(self) -> Any:
         """Nothing around ``optimizer.step()``: the sharded optimizer is stepped directly."""
         return contextlib.nullcontext()
+
+
+class FlatReduceScatter(FlatAllreduce):
+    """ZeRO-2's gradient exchange: each parameter group's flat gradients reduce-scattered with one
+    grouped reduce-scatter per update (op Average, optional float16 on the wire), so each rank holds
+    the averaged gradient of its own slice only; the whole buffers are freed."""
+
+    @torch.no_grad()
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """Every rank's gradients averaged into this rank's shards' ``.grad`` (a collective); returns
+        those shard gradients (what the adapter unscales, checks, clips and applies)."""
+        optimizer = self.optimizer
+        optimizer.attach_grads()
+        flats = optimizer.grad_flats
+        if optimizer.size > 1:
+            fp16 = self.compression is hvd.Compression.fp16
+            wire = [f.to(torch.float16) for f in flats] if fp16 else flats
+            mine = hvd.grouped_reducescatter(wire, op=hvd.Average, name="hvdtrain.zero.grads")  # distributed
+            mine = [m.to(f.dtype) for m, f in zip(mine, flats)] if fp16 else mine
+        else:
+            mine = [layout.mine(flat).clone() for layout, flat in zip(optimizer.layouts, flats)]
+        optimizer.free_grads()
+        for shard, grad in zip(optimizer.shards, mine):
+            shard.grad = grad
+        return [shard.grad for shard in optimizer.shards]
+
+    def global_norm(self, local: torch.Tensor) -> torch.Tensor:
+        """The norm of the whole gradient from this rank's shard norm ``local``: the squared shard
+        norms summed across ranks (a collective; a non-finite shard makes it non-finite on every
+        rank)."""
+        if self.optimizer.size == 1:
+            return local
+        squared = local.detach().double().square()
+        return hvd.allreduce(squared, op=hvd.Sum, name="hvdtrain.zero.norm").sqrt().to(local.dtype)  # distributed
+
+    def agree_on_overflow(self, scaler: Any) -> None:
+        """fp16: the loss scaler found overflows in this rank's shard only; sum its findings across
+        ranks so every rank skips (or applies) the update and lowers the scale alike (a collective)."""
+        if self.optimizer.size == 1:
+            return
+        found = scaler._per_optimizer_states[id(self.optimizer)]["found_inf_per_device"]
+        for device in sorted(found, key=str):
+            found[device] = hvd.allreduce(found[device], op=hvd.Sum, name=f"hvdtrain.zero.found_inf.{device}")
