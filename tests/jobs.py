@@ -102,8 +102,9 @@ def run_metrics(out: Path) -> list[dict]:
 
 
 def assert_same_run(a: dict, b: dict, a_out: Path, b_out: Path) -> None:
-    """Two runs ended alike, bitwise: the same weights (``a``, ``b``: :func:`checkpoint_weights`) and,
-    epoch by epoch, the same losses, accuracy and step in their ``metrics.jsonl``."""
+    """Two runs ended alike, bitwise: the same weights and running statistics (BatchNorm; ``a``,
+    ``b``: :func:`checkpoint_weights`) and, epoch by epoch, the same losses, accuracy and step in
+    their ``metrics.jsonl``."""
     import numpy as np
 
     assert a.keys() == b.keys()
@@ -112,6 +113,20 @@ def assert_same_run(a: dict, b: dict, a_out: Path, b_out: Path) -> None:
     for row_a, row_b in zip(run_metrics(a_out), run_metrics(b_out)):
         for key in ("epoch", "train_loss", "val_loss", "val_accuracy", "step"):
             assert row_a[key] == row_b[key], (key, row_a, row_b)
+
+
+def assert_own_statistics_kept(checkpoint: Path, ranks: int = 2) -> None:
+    """Step checkpoint ``checkpoint`` keeps every rank's own running statistics (BatchNorm) beside
+    the model's mean of them, and they differ between the ranks (each rank's own batches): what a
+    resume on as many workers continues from (hvdtrain.core.compression_state)."""
+    import numpy as np
+
+    from hvdtrain.core.compression_state import BUFFER_KEY, read
+
+    states = read(Path(checkpoint)) or []
+    own = [[state[k] for k in sorted(state) if k.startswith(BUFFER_KEY)] for state in states]
+    assert len(own) == ranks and all(own), f"{checkpoint}: no per-rank running statistics ({len(own)} ranks)"
+    assert any(not np.array_equal(x, y) for x, y in zip(own[0], own[1])), f"{checkpoint}: the ranks' are equal"
 
 
 def checkpoint_weights(checkpoint: Path, framework: str) -> dict:

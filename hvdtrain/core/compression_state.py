@@ -1,10 +1,19 @@
-"""The gradient exchange's per-rank state in the exact-resume checkpoint.
+"""The per-rank state in the exact-resume checkpoint: the gradient exchange's, and each rank's own
+running statistics at a step checkpoint.
 
 Error-feedback buffers, and local SGD's replicas between averagings, differ from worker to worker,
 so the checkpoint keeps every worker's copy: :func:`gather` collects them on rank 0 (a collective,
 at the step every rank checkpoints), :func:`write` stores them as one ``comm_state.npz`` beside the
 model (``<rank>/<key>``; the keys are listed in :mod:`hvdtrain.core.exchange`, the same in both
 frameworks), and :func:`restore` hands each worker its own copy after the model broadcast.
+
+So do the model's running statistics (BatchNorm means and variances), which each rank updates
+from its own batches between evaluations: a step checkpoint's model holds their mean over the
+ranks, while every rank trains on with its own (:func:`own_buffers`, kept under
+``<rank>/model_buffer/<index>``), so writing a checkpoint changes nothing in the training and a
+resume on the same number of workers continues exactly where the ranks were, in the statistics
+too (a run stopped by a signal between two scheduled checkpoints included). On another number of
+workers every rank starts from the checkpoint's mean.
 
 Only rank 0 ever holds every worker's state: :func:`gather_to_root` sends each worker's pickled
 state to rank 0 only (``alltoall`` with one receiver,
@@ -27,9 +36,11 @@ from typing import Any
 import numpy as np
 
 from hvdtrain.core.compression import describe
+from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.exchange import STATE_FORMAT
 
 STATE_FILE = "comm_state.npz"
+BUFFER_KEY = "model_buffer/"  # + index: a rank's own running statistics, in the adapter's order
 
 
 def _stateful(adapter: Any) -> Any:
@@ -54,14 +65,27 @@ def scatter_from_root(adapter: Any, items: list[Any] | None) -> Any:
     return adapter.scatter_objects_from_root(items)  # distributed
 
 
-def gather(adapter: Any) -> list[dict[str, np.ndarray]] | None:
-    """Every rank's exchange state, indexed by rank, on rank 0 (a collective on runs that have such
-    state: :func:`gather_to_root`); None on the other ranks, and with no communication on runs
-    without such state."""
+def own_buffers(adapter: Any) -> list[np.ndarray] | None:
+    """This rank's own running statistics (what ``adapter.sync_model_buffers`` averages) as NumPy
+    copies, in the adapter's fixed order; None for a model without any, with pipeline stages, or
+    for an adapter that keeps none (the same answer on every rank)."""
+    read_buffers = getattr(adapter, "model_buffers", None)
+    buffers = read_buffers() if read_buffers is not None else None
+    return buffers or None
+
+
+def gather(adapter: Any, buffers: list[np.ndarray] | None = None) -> list[dict[str, np.ndarray]] | None:
+    """Every rank's exchange state and own running statistics ``buffers`` (:func:`own_buffers`
+    before they were averaged; None: not kept), indexed by rank, on rank 0 (a collective when
+    either is kept: :func:`gather_to_root`); None on the other ranks, and with no communication
+    when there is nothing to keep."""
     exchange = _stateful(adapter)
-    if exchange is None:
+    mine: dict[str, np.ndarray] = {}
+    if exchange is not None:
+        mine.update({**exchange.state(), "format": np.asarray(STATE_FORMAT)})
+    mine.update({f"{BUFFER_KEY}{index:05d}": np.asarray(value) for index, value in enumerate(buffers or ())})
+    if not mine:
         return None
-    mine = {**exchange.state(), "format": np.asarray(STATE_FORMAT)}
     return gather_to_root(adapter, mine)  # distributed
 
 
@@ -98,31 +122,64 @@ def read(path: Path) -> list[dict[str, np.ndarray]] | None:
     return [states.get(rank, {}) for rank in range(max(states) + 1)] if states else None
 
 
+def _held(states: list[dict[str, np.ndarray]] | None, size: int) -> dict[str, bool]:
+    """Whether ``states`` (what :func:`read` returned) hold every one of ``size`` ranks' exchange
+    state and own running statistics."""
+    complete = states is not None and len(states) == size
+
+    def has(state: dict[str, np.ndarray], buffers: bool) -> bool:
+        return any(k.startswith(BUFFER_KEY) == buffers for k in state)
+
+    return {"exchange": complete and all(has(state, False) for state in states),
+            "buffers": complete and all(has(state, True) for state in states)}
+
+
+def _split(state: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """A rank's saved state as (exchange state, own running statistics in order)."""
+    buffers = sorted(k for k in state if k.startswith(BUFFER_KEY))
+    return {k: v for k, v in state.items() if not k.startswith(BUFFER_KEY)}, [state[k] for k in buffers]
+
+
+def _set_buffers(adapter: Any, values: list[np.ndarray], checkpoint: str) -> None:
+    """Give this rank its own running statistics back (checked against the model's)."""
+    current = own_buffers(adapter) or []
+    if [v.shape for v in values] != [v.shape for v in current]:
+        raise TrainingError(f"checkpoint {checkpoint} holds {len(values)} running statistics per rank "
+                           f"({[tuple(v.shape) for v in values][:4]}...), this model has {len(current)} "
+                           f"({[tuple(v.shape) for v in current][:4]}...)")
+    adapter.set_model_buffers(values)
+
+
 def restore(adapter: Any, plan: dict[str, Any], rank: int, size: int, collective: bool = True) -> None:
     """Name the run's gradient exchange (rank 0) and give every rank its own saved exchange state
-    from the planned checkpoint (call after the model broadcast, on all ranks).
+    and running statistics from the planned checkpoint (call after the model broadcast, on all ranks).
 
-    A checkpoint from another world size, without the state, or an elastic job (whose workers come
-    and go) starts the state afresh and says so on rank 0."""
+    A checkpoint from another world size, without the exchange state, or an elastic job (whose
+    workers come and go) starts the exchange state afresh and says so on rank 0; the running
+    statistics then stay the checkpoint model's (their mean over the ranks that wrote it)."""
     exchange = _stateful(adapter)
-    if exchange is None:
-        return
-    if rank == 0:
+    if exchange is not None and rank == 0:
         print(f"hvdtrain: gradient exchange: {describe(exchange.plan)}", flush=True)
-    if not plan.get("checkpoint"):
+    keeps_buffers = own_buffers(adapter) is not None
+    if not plan.get("checkpoint") or (exchange is None and not keeps_buffers):
         return
-    saved_size = int(plan["manifest"].get("world_size", size))
     if not collective:
         reset(adapter, "elastic job")
         return
-    states = read(Path(plan["checkpoint"])) if rank == 0 else None
-    complete = states is not None and len(states) == size
-    complete = adapter.broadcast_object(complete)  # distributed: rank 0's verdict, on every rank
-    if saved_size != size or not complete:
+    saved_size = int(plan["manifest"].get("world_size", size))
+    states = read(Path(plan["checkpoint"])) if rank == 0 and saved_size == size else None
+    held = adapter.broadcast_object(_held(states, size) if rank == 0 else None)  # distributed: rank 0's verdict
+    if exchange is not None and not held["exchange"]:
         why = (f"the checkpoint was written by {saved_size} workers, this job has {size}" if saved_size != size
                else "the checkpoint holds no gradient-compression / local-SGD state")
         reset(adapter, why)
+    load_exchange, load_buffers = exchange is not None and held["exchange"], keeps_buffers and held["buffers"]
+    if not (load_exchange or load_buffers):
         return
     mine = scatter_from_root(adapter, states)  # distributed: each rank gets its own state only
     del states
-    exchange.load_state(mine)
+    exchange_state, buffers = _split(mine)
+    if load_exchange:
+        exchange.load_state(exchange_state)
+    if load_buffers:
+        _set_buffers(adapter, buffers, plan["checkpoint"])

@@ -5,7 +5,8 @@ last micro-batch (the epoch checkpoint that follows covers it); an epoch checkpo
 after every evaluation when ``checkpoint.enabled``. :meth:`CheckpointPolicy.save` is a sequence of
 collectives, so every rank calls it at the same step: the running statistics (BatchNorm) are
 averaged, every rank's RNG state, partial totals and gradient-exchange state are gathered to rank 0
-(only rank 0 holds them all: :func:`~hvdtrain.core.compression_state.gather_to_root`), and rank 0
+(only rank 0 holds them all: :func:`~hvdtrain.core.compression_state.gather_to_root`; at a step
+checkpoint each rank's own running statistics too, which it keeps training on), and rank 0
 writes model, optimizer, ``rank_state.json`` and the manifest through the
 :class:`~hvdtrain.core.checkpoint.CheckpointManager`, atomically.
 """
@@ -72,15 +73,27 @@ class CheckpointPolicy:
     def save(self, ctx: Any, name: str, position: Position, totals: dict[str, Any],
              record: dict[str, Any] | None) -> Path | None:
         """Collect every rank's RNG state and partial ``totals`` (a collective: all ranks call this at the
-        same step), then rank 0 writes checkpoint ``name`` atomically. Returns its path on rank 0."""
-        cfg, adapter = self.config, self.adapter
+        same step), then rank 0 writes checkpoint ``name`` atomically. Returns its path on rank 0.
+        A step checkpoint's model holds the ranks' mean running statistics (BatchNorm), every rank's
+        own are kept beside it and each rank trains on with its own: a checkpoint changes nothing."""
+        own = None
         if record is None:  # an epoch-end checkpoint follows the evaluation, which already averaged them
-            adapter.sync_model_buffers()  # distributed: every rank's BatchNorm statistics -> their mean
+            own = compression_state.own_buffers(self.adapter)  # this rank's, before averaging
+            self.adapter.sync_model_buffers()  # distributed: every rank's BatchNorm statistics -> their mean
+        try:
+            return self._save(ctx, name, position, totals, record, own)
+        finally:
+            if own is not None:
+                self.adapter.set_model_buffers(own)
+
+    def _save(self, ctx: Any, name: str, position: Position, totals: dict[str, Any],
+              record: dict[str, Any] | None, own: list[Any] | None) -> Path | None:
+        cfg, adapter = self.config, self.adapter
         mine = {"rng": {**capture_rng(), "framework": adapter.rng_state()}, **totals}
         self.watchdog.beat(position.step, "waiting in collectives (checkpoint)")
         rank_states = compression_state.gather_to_root(adapter, mine)  # distributed: rank 0 keeps them
         # -- the gradient exchange's per-rank state (error buffers, Q, local-SGD replicas) --
-        comm_states = compression_state.gather(adapter)  # distributed
+        comm_states = compression_state.gather(adapter, own)  # distributed
         adapter.gather_state()  # distributed: pipeline stages bring their state to rank 0
         if not ctx.is_main:
             return None

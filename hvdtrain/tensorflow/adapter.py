@@ -292,6 +292,19 @@ class TensorFlowAdapter(FrameworkAdapter):
         # The layers' seed states came from rank 0 too: each rank draws its own dropout masks.
         offset_seed_states(self._seed_states(), hvd.rank())
 
+    def model_buffers(self) -> list[np.ndarray] | None:
+        """This rank's own running statistics (BatchNorm moving means and variances) as NumPy
+        copies (None with pipeline stages, whose stages average theirs in place): what a step
+        checkpoint keeps per rank."""
+        if self.pipeline is not None:
+            return None
+        return [np.array(v.numpy()) for v in self.buffers]
+
+    def set_model_buffers(self, values: list[np.ndarray]) -> None:
+        """Put back what :meth:`model_buffers` returned."""
+        for variable, value in zip(self.buffers, values):
+            variable.assign(value)
+
     def sync_model_buffers(self) -> None:
         stats = self.buffers  # a frozen backbone's statistics are equal everywhere and stay as they are
         if self._frozen:

@@ -193,8 +193,25 @@ class TorchAdapter(FrameworkAdapter):
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get(LR_FACTOR, 1.0)  # optim.backbone_lr_factor's groups
 
+    def _running_stats(self) -> list[torch.Tensor]:
+        """The model's floating-point buffers (BatchNorm running means and variances), in order."""
+        return [b for b in self.model.buffers() if b.is_floating_point()]
+
+    def model_buffers(self) -> list[np.ndarray] | None:
+        """This rank's own running statistics as NumPy copies (None with pipeline stages, whose
+        stages average theirs in place): what a step checkpoint keeps per rank."""
+        if self.pipeline is not None:
+            return None
+        return [b.detach().cpu().numpy().copy() for b in self._running_stats()]
+
+    def set_model_buffers(self, values: list[np.ndarray]) -> None:
+        """Put back what :meth:`model_buffers` returned."""
+        with torch.no_grad():
+            for buffer, value in zip(self._running_stats(), values):
+                buffer.copy_(torch.from_numpy(np.asarray(value)))
+
     def sync_model_buffers(self) -> None:
-        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        buffers = self._running_stats()
         if not buffers or hvd.size() == 1:
             return
         averaged = hvd.grouped_allreduce(buffers, op=hvd.Average, name="hvdtrain.sync_buffers")  # distributed
