@@ -7,6 +7,7 @@ ranks, a rank other than 0 holds no more than its own state's bytes while it is 
 
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -36,14 +37,28 @@ def final_weights(out, framework):
     return checkpoint_weights(out / "checkpoints" / "epoch-0002", framework)
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The uninterrupted 2-epoch run of a (framework, option), launched once per module: the
+    kill-and-resume test compares against it, the world-size test resumes a copy of it."""
+    runs = {}
+
+    def get(framework, option):
+        if (framework, option) not in runs:
+            out = tmp_path_factory.mktemp(f"straight-{framework}-{option}")
+            horovodrun(command(framework, out, option))
+            runs[framework, option] = out
+        return runs[framework, option]
+    return get
+
+
 @pytest.mark.distributed
 # One framework per option keeps CI short (each case is three 2-rank runs); both frameworks run every
 # option's exchange in tests/distributed/test_compression.py.
 @pytest.mark.parametrize("framework, option", [("torch", "powersgd"), ("tensorflow", "topk"),
                                                ("torch", "local_sgd")])
-def test_kill_then_resume_is_bitwise_equal(tmp_path, framework, option):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    horovodrun(command(framework, straight, option))
+def test_kill_then_resume_is_bitwise_equal(tmp_path, straight, framework, option):
+    straight, killed = straight(framework, option), tmp_path / "killed"
     assert (straight / "checkpoints" / "epoch-0002" / "comm_state.npz").is_file()
 
     crash = horovodrun(command(framework, killed, option), check=False,
@@ -59,10 +74,10 @@ def test_kill_then_resume_is_bitwise_equal(tmp_path, framework, option):
 
 
 @pytest.mark.distributed
-def test_resume_on_another_world_size_resets_the_state_and_says_so(tmp_path):
-    out = tmp_path / "run"
-    horovodrun(command("torch", out, "powersgd", "--set", "train.epochs=1"))
-    proc = run(command("torch", out, "powersgd", "--resume"))  # one process, no launcher
+def test_resume_on_another_world_size_resets_the_state_and_says_so(tmp_path, straight):
+    out = tmp_path / "run"  # a copy of the 2-rank powersgd run (epoch-0002 with its exchange state)
+    shutil.copytree(straight("torch", "powersgd"), out)
+    proc = run(command("torch", out, "powersgd", "--set", "train.epochs=3", "--resume"))  # one process, no launcher
     assert "written by 2 workers, this job has 1" in proc.stdout and "starts afresh" in proc.stdout
 
 
