@@ -1,0 +1,194 @@
+"""Sharded optimizer state in TensorFlow (``parallel.shard_optimizer``): memory per rank against data
+parallelism, and the model that did not fit (issue 26).
+
+``measure``: the BERT recipe (TensorFlow, AdamW; the embedded MiniLM unless ``--model DIR``) on NP
+ranks, once per mode (none, optimizer, gradients; rounds alternate the order), each launch a real
+``horovodrun`` job that appends one JSON line per run to OUT: per rank the bytes of parameters,
+of the gradients the exchange leaves for the update (data parallelism and ``optimizer``: the whole
+averaged gradient; ``gradients``: this rank's slice), of optimizer state (the slots), peak resident
+memory (``ru_maxrss``) and peak virtual size (``VmPeak``)::
+
+    python benchmarks/sharded_memory_tf.py measure runs/sharded_tf.jsonl --np 2
+
+``fit``: a BERT-base-sized model (hidden 768, 12 layers, random weights written from a
+``transformers.BertConfig``, the MiniLM's real tokenizer) under a per-process address-space limit
+(``prlimit --as``, on each worker): the limit is set halfway between the two modes' unlimited
+``VmPeak`` (measured first; or ``--limit-mb``), then data parallelism and ``gradients`` run under
+it; the line records whether each trained (exit status, last error line)::
+
+    python benchmarks/sharded_memory_tf.py fit runs/sharded_tf_fit.jsonl --np 2
+
+``worker`` is what the jobs run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MODES = ("none", "optimizer", "gradients")
+COMMON = ["data.max_val_samples=16", "train.epochs=1", "train.log_every=0", "checkpoint.enabled=false",
+          "train.tensorboard=false", "train.progress_bar=false", "train.threads=1", "text.max_length=64"]
+
+
+def vm_peak_kib() -> int:
+    """This process's peak virtual size (what ``prlimit --as`` limits)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmPeak:"):
+            return int(line.split()[1])
+    return -1
+
+
+def nbytes(variables) -> int:
+    """Bytes of these variables' values."""
+    import numpy as np
+
+    return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in variables)
+
+
+def worker(out: str, label: str, overrides: list[str]) -> None:
+    """One training run of the BERT recipe (TensorFlow) in this Horovod job; rank 0 appends the line."""
+    import horovod.tensorflow as hvd
+
+    import hvdtrain
+
+    recipe = hvdtrain.get_recipe("bert-finetune")
+    config = hvdtrain.load_config(recipe.defaults, overrides=overrides, recipe="bert-finetune",
+                                  framework="tensorflow")
+    trainer = hvdtrain.Trainer(config)
+    started = time.perf_counter()
+    result = trainer.fit()
+    adapter = trainer.adapter
+    params = nbytes(adapter.trainable)
+    if adapter.sharded is None:
+        optimizer = nbytes([v for v in adapter.optimizer.variables if len(v.shape) > 0])
+        grads = params
+    else:
+        optimizer = adapter.sharded.state_bytes()
+        whole = sum(g.padded * g.dtype.size for g in adapter.sharded.groups)
+        grads = whole if adapter.sharded.mode == "optimizer" else whole // adapter.sharded.size
+    mine = {"rank": hvd.rank(), "param_bytes": params, "grad_bytes": grads, "optimizer_bytes": optimizer,
+            "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "vm_peak_kib": vm_peak_kib()}
+    everyone = hvd.allgather_object(mine)  # distributed
+    if hvd.rank() == 0:
+        row = {"label": label, "overrides": overrides, "world_size": hvd.size(), "ranks": everyone,
+               "fit_sec": time.perf_counter() - started, "val_accuracy": result.final.get("val_accuracy")}
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k != "ranks"}))
+
+
+def launch(out: Path, label: str, overrides: list[str], np_: int, limit_kib: int | None = None,
+           timeout: float = 3600) -> subprocess.CompletedProcess:
+    """A real ``horovodrun --gloo`` job running :func:`worker` (each worker under ``prlimit --as``)."""
+    command = [str(BIN / "python"), __file__, "worker", str(out), label, *overrides]
+    if limit_kib is not None:
+        command = [shutil.which("prlimit"), f"--as={limit_kib * 1024}", *command]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *command],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _overrides(args: argparse.Namespace, mode: str, output: Path) -> list[str]:
+    model = [f"model.name={args.model}"] if args.model else []
+    return [*COMMON, *model, f"data.max_train_samples={args.samples}", f"train.batch_size={args.batch}",
+            "optim.name=adamw", f"parallel.shard_optimizer={mode}", f"output={output}"]
+
+
+def measure(args: argparse.Namespace) -> None:
+    """Every mode, ``args.rounds`` times, the order alternating."""
+    for round_ in range(args.rounds):
+        for mode in MODES if round_ % 2 == 0 else MODES[::-1]:
+            output = Path(args.work) / f"measure-{mode}"
+            shutil.rmtree(output, ignore_errors=True)
+            job = launch(Path(args.out), f"{mode}-np{args.np}", _overrides(args, mode, output), args.np)
+            if job.returncode:
+                sys.exit(f"{mode}: the job failed ({job.returncode}):\n{job.stdout[-3000:]}\n{job.stderr[-3000:]}")
+
+
+def bert_base_dir(directory: Path) -> Path:
+    """A BERT-base-sized model folder (random weights from a ``transformers.BertConfig``) with the
+    embedded MiniLM's tokenizer (real WordPiece, vocabulary 30522)."""
+    import torch
+    import transformers
+
+    from recipes.bert_finetune import pretrained
+
+    if (directory / "config.json").is_file():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(pretrained.embedded_model_dir() / pretrained.TOKENIZER_FILE, directory / pretrained.TOKENIZER_FILE)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                     intermediate_size=3072, max_position_embeddings=512)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(directory)
+    return directory
+
+
+def _last_error(job: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in (job.stdout + job.stderr).splitlines()
+             if "Error" in ln or "error" in ln or "Killed" in ln or "bad_alloc" in ln]
+    return lines[-1][-300:] if lines else ""
+
+
+def fit(args: argparse.Namespace) -> None:
+    """Data parallelism against ``gradients`` sharding under one per-process address-space limit."""
+    args.model = args.model or str(bert_base_dir(Path(args.work) / "bert-base-sized"))
+    modes = ("none", "gradients")
+    out = Path(args.out)
+    limit = args.limit_mb * 1024 if args.limit_mb else None
+    peaks = {}
+    if limit is None:  # each mode's unlimited peak virtual size first: the limit lies between them
+        probe = Path(args.work) / "probe.jsonl"
+        probe.unlink(missing_ok=True)
+        for mode in modes:
+            job = launch(probe, f"probe-{mode}", _overrides(args, mode, Path(args.work) / f"probe-{mode}"), args.np)
+            if job.returncode:
+                sys.exit(f"probe {mode} failed ({job.returncode}):\n{job.stdout[-3000:]}\n{job.stderr[-3000:]}")
+        for line in probe.read_text().splitlines():
+            row = json.loads(line)
+            peaks[row["label"].split("-", 1)[1]] = max(r["vm_peak_kib"] for r in row["ranks"])
+        limit = (peaks["none"] + peaks["gradients"]) // 2
+    result = {"label": f"fit-np{args.np}", "model": args.model, "limit_kib": limit, "unlimited_vm_peak_kib": peaks,
+              "runs": {}}
+    for mode in modes:
+        job = launch(Path(args.work) / "fit-runs.jsonl", f"fit-{mode}",
+                     _overrides(args, mode, Path(args.work) / f"fit-{mode}"), args.np, limit_kib=limit)
+        result["runs"][mode] = {"returncode": job.returncode, "trained": job.returncode == 0,
+                                "last_error": _last_error(job) if job.returncode else ""}
+    with open(out, "a") as f:
+        f.write(json.dumps(result) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["worker"]:
+        worker(sys.argv[2], sys.argv[3], sys.argv[4:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("measure", "fit"))
+    parser.add_argument("out", help="JSON lines file the results are appended to")
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--model", default=None, help="model folder (measure: the embedded MiniLM by default)")
+    parser.add_argument("--samples", type=int, default=64, help="training samples (steps = samples / np / batch)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--limit-mb", type=int, default=None, help="fit: this address-space limit per worker")
+    parser.add_argument("--work", default="runs/sharded_memory_tf", help="scratch folder for outputs and the model")
+    args = parser.parse_args()
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    (measure if args.what == "measure" else fit)(args)
+
+
+if __name__ == "__main__":
+    main()
