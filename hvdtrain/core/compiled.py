@@ -10,9 +10,9 @@ compiles, and why there (measured in ``benchmarks/compile_speed.py``):
   the checkpoint (no ``_orig_mod.`` prefix: the model saved is the original) and BatchNorm sync
   run exactly as eagerly.
 * TensorFlow (:mod:`hvdtrain.tensorflow.compiled`): the forward and ``tape.gradient`` in an inner
-  ``tf.function(jit_compile=True)`` (XLA); Horovod's collectives, which are not XLA operations in
-  a Horovod built without ``HOROVOD_ENABLE_XLA_OPS``, and the update stay outside it in the
-  step's ``tf.function``. XLA has no modes: ``default`` is the value for TensorFlow (the
+  ``tf.function(jit_compile=True)`` (XLA); Horovod's collectives (XLA operations only in Horovod's
+  GPU builds, with ``HOROVOD_ENABLE_XLA_OPS=1``) and the update stay outside it in the step's
+  ``tf.function``. XLA has no modes: ``default`` is the value for TensorFlow (the
   rulebook refuses the torch-only modes rather than run a different thing than the name says).
 
 Compilation happens on the first step; :class:`FirstStepClock` reports how long that step took

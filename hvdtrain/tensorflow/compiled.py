@@ -3,9 +3,10 @@
 :func:`gradient_function` wraps the adapter's compute part (forward, loss, ``tape.gradient``) in
 an inner ``tf.function(jit_compile=True)``; the step's outer ``tf.function`` keeps the gradient
 exchange (Horovod's allreduce, PowerSGD/top-k, local SGD), the finite check and the optimizer
-update outside XLA. Horovod's collectives are TensorFlow custom operations, not XLA ones: Horovod
-registers XLA kernels for them (``HOROVOD_ENABLE_XLA_OPS=1``) for GPU devices only, so a CPU step
-with the collectives inside the XLA cluster would not compile. Model and optimizer variables are
+update outside XLA. Horovod's collectives are TensorFlow custom operations, not XLA ones: its XLA
+lowering (``horovod/tensorflow/xla_mpi_ops.cc``, opt-in with ``HOROVOD_ENABLE_XLA_OPS=1``) is built
+only into GPU builds (CUDA/ROCm custom calls), so a CPU step with the collectives inside the XLA
+cluster would not compile; outside it, the exchange is the same graph as eagerly. Model and optimizer variables are
 the same ``tf.Variable`` objects either way: checkpoints do not change.
 """
 
