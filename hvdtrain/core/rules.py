@@ -324,8 +324,21 @@ def elastic_with_launcher_tuning(config: Any, world: World) -> str | None:
     return None
 
 
+def cuda_graphs_with_accumulation(config: Any, world: World) -> str | None:
+    """On a GPU, torch.compile's ``reduce-overhead`` and ``max-autotune`` replay the step as CUDA
+    graphs, which reuse their output memory at the next replay: gradients summed over several
+    micro-batches live in it (PyTorch stops with "accessing tensor output of CUDAGraphs that has
+    been overwritten", measured on an H100 with PyTorch 2.11)."""
+    mode, micro = config.train.compile, config.train.grad_accumulation
+    if world.gpu and config.framework == "torch" and mode in TORCH_ONLY_MODES and micro > 1:
+        return (f"train.compile={mode} cannot be combined with train.grad_accumulation={micro} on a GPU: the mode "
+                f"replays the step as CUDA graphs, which overwrite the memory the micro-batches' gradients "
+                f"accumulate in; use train.compile=default, or train.grad_accumulation=1")
+    return None
+
+
 WORLD_RULES: tuple[Callable[[Any, World], str | None], ...] = (
-    stages_divide_world, adasum_needs_mpi, fp16_needs_gpu, elastic_with_launcher_tuning,
+    stages_divide_world, adasum_needs_mpi, fp16_needs_gpu, elastic_with_launcher_tuning, cuda_graphs_with_accumulation,
 )
 
 

@@ -35,6 +35,16 @@ def test_tensorflow_compiles_with_default_only():
         load_config(overrides=["train.compile=max-autotune"], framework="tensorflow")
 
 
+def test_cuda_graph_modes_refuse_accumulation_on_a_gpu_only():
+    from hvdtrain.core import rules
+
+    config = load_config(overrides=["train.compile=reduce-overhead", "train.grad_accumulation=2"], framework="torch")
+    assert rules.refusal(config, rules.World(2, gpu=False, environ={})) is None  # no CUDA graphs on the CPU
+    assert "CUDA graphs" in rules.refusal(config, rules.World(2, gpu=True, environ={}))
+    default = load_config(overrides=["train.compile=default", "train.grad_accumulation=2"], framework="torch")
+    assert rules.refusal(default, rules.World(2, gpu=True, environ={})) is None
+
+
 def test_the_first_step_is_timed_and_reported_once_on_rank_0():
     out = io.StringIO()
     clock = FirstStepClock("what", rank=0, stream=out)

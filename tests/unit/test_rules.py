@@ -114,6 +114,10 @@ WORLD_CASES = [
      rules.World(2, environ={"HOROVOD_AUTOTUNE": "1"}), ["HOROVOD_AUTOTUNE=1", "train.elastic=true"]),
     (rules.elastic_with_launcher_tuning, ["train.elastic=true"],
      rules.World(2, environ={"HOROVOD_TIMELINE": "/tmp/t.json"}), ["HOROVOD_TIMELINE", "train.elastic=true"]),
+    (rules.cuda_graphs_with_accumulation, ["train.compile=reduce-overhead", "train.grad_accumulation=2"],
+     rules.World(2, gpu=True), ["train.compile=reduce-overhead", "train.grad_accumulation=2", "CUDA graphs"]),
+    (rules.cuda_graphs_with_accumulation, ["train.compile=max-autotune", "train.grad_accumulation=4"],
+     rules.World(1, gpu=True), ["train.compile=max-autotune", "train.grad_accumulation=4", "train.compile=default"]),
 ]
 
 
