@@ -4,7 +4,8 @@ flip to uint8, one process and one thread each, side by side and interleaved in 
 Contenders per round (the same files, shuffled the same way):
 
 * ``hvdtrain``: :class:`hvdtrain.data.pipeline.ImageDataset` decoding in this process
-  (Pillow with JPEG DCT scaling through ``draft`` + crop-box resize), the recipe's own path;
+  (libjpeg-turbo's DCT-scaled decode through ``simplejpeg`` + OpenCV's bit-exact bilinear resize of
+  the crop), the recipe's own path; benchmarks/decoders.py compares the decoder candidates;
 * ``pillow``: plain Pillow, full decode, the crop box given to ``resize`` (the issue's reference);
 * ``tf.data``: ``tf.io.decode_and_crop_jpeg`` + resize 224 + flip, one private thread, intra-op 1;
 * ``simplejpeg`` (if installed): libjpeg-turbo DCT-scaled decode (``min_height/min_width``) +
@@ -22,6 +23,7 @@ with 2 worker processes (alternating), images/s of the trainer's ``get_batch`` l
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -151,12 +153,8 @@ def main() -> None:
     crops = boxes(paths, seed=1)
     dataset = ImageDataset(index, POLICY, train=True, seed=1, rows=np.arange(count))
     contenders = {"hvdtrain": run_hvdtrain(dataset), "pillow": run_pillow, "old-recipe": run_old_recipe}
-    try:
-        import simplejpeg  # noqa: F401
-
+    if importlib.util.find_spec("simplejpeg") is not None:
         contenders["simplejpeg"] = run_simplejpeg
-    except ImportError:
-        pass
     if not args.skip_tf:
         contenders["tf.data"] = tf_pipeline(paths, crops)
     for fn in contenders.values():  # warm the page cache and the code paths

@@ -1,12 +1,19 @@
-"""The image-classification recipe's data layer on the framework-free pipeline (no framework needed)."""
+"""The image-classification recipe's data layer on the framework-free pipeline (no framework needed),
+and the decoder: JPEGs through libjpeg-turbo's DCT scaling + OpenCV's bit-exact resize, checked on
+real photos against a full decode + crop + resize; other formats through Pillow."""
 
+import io
+import os
 import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from benchmarks import photo_tree
+from hvdtrain.data.decode import DECODE_ERRORS, decode
 from hvdtrain.data.index import load_index
+from hvdtrain.data.transforms import SampleOp, TransformPolicy
 from recipes.image_classification.config import ImageConfig
 from recipes.image_classification.data import DataError, load_image_folder
 
@@ -95,3 +102,76 @@ def test_bad_trees_are_named(tmp_path, break_tree, needle):
 def test_missing_root(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         load(tmp_path / "nope")
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """Three real-photo JPEGs of about 500x375 (scikit-image's photographs)."""
+    if not photo_tree.available() and os.environ.get("CI") != "true":
+        pytest.skip("scikit-image's photos are not installed (scripts/install.sh adds scikit-image==0.26.0)")
+    root = photo_tree.make_tree(tmp_path_factory.mktemp("photos"), classes=3, train=1, val=0, size=(500, 375))
+    return sorted(root.glob("train/*/*.JPEG"))
+
+
+def reference(path, box, size, flip, grayscale):
+    """Pillow: full decode, the crop box resized (antialiased bilinear), maybe flipped."""
+    left, top, w, h = box
+    with Image.open(path) as img:
+        out = np.asarray(img.convert("L" if grayscale else "RGB").resize(
+            (size, size), Image.BILINEAR, box=(left, top, left + w, top + h)), dtype=np.float64)
+    out = out[:, :, None] if grayscale else out
+    return out[:, ::-1] if flip else out
+
+
+# (box, output size): upscaled, 1:1, shrunk < 2x (full decode), and DCT-scaled by 1/2, 1/4, 1/8
+CASES = [((10, 20, 60, 80), 224), ((100, 50, 224, 224), 224), ((20, 30, 330, 300), 224),
+         ((150, 60, 300, 250), 112), ((0, 0, 375, 375), 64), ((60, 0, 375, 375), 32)]
+
+
+@pytest.mark.parametrize("grayscale", [False, True])
+def test_jpeg_crops_the_right_region_at_every_dct_scale(photos, grayscale):
+    for path in photos:
+        with Image.open(path) as img:
+            width, height = img.size  # 500x375 or 375x500
+        for (left, top, w, h), size in CASES:
+            w, h = min(w, width), min(h, height)
+            box = (min(left, width - w), min(top, height - h), w, h)
+            out = decode(path, TransformPolicy("imagenet", size), lambda width, height: SampleOp(box, True), grayscale)
+            assert out.dtype == np.uint8 and out.shape == (size, size, 1 if grayscale else 3)
+            error = np.abs(out - reference(path, box, size, True, grayscale)).mean()
+            shift = max(4, min(w, h) // 8)  # move the crop right, else left, else down
+            moved = ((box[0] + shift, box[1]) if box[0] + w + shift <= width else (box[0] - shift, box[1])
+                     if box[0] >= shift else (box[0], box[1] + shift)) + (w, h)
+            wrong = np.abs(out - reference(path, moved, size, True, grayscale)).mean()
+            # measured: error 0.0-1.2 where no DCT scaling applies (the antialiasing of a < 2x shrink), up to
+            # 9.3 where it does (at 32-112 pixels, the box is also rounded to whole pixels of the scaled
+            # image); a crop moved by 1/8 of its side: 17-59
+            assert error < (10 if min(w, h) >= 2 * size else 3) and error < wrong / 2, (path, box, size, error, wrong)
+
+
+def test_decoding_is_deterministic_from_path_bytes_or_file(photos):
+    policy = TransformPolicy("imagenet", 96)
+    data = photos[0].read_bytes()
+    outs = [decode(source, policy, lambda w, h: SampleOp((33, 21, 301, 255), False), False)
+            for source in (photos[0], str(photos[0]), data, io.BytesIO(data), data)]
+    assert all(np.array_equal(outs[0], out) for out in outs[1:])
+
+
+def test_png_and_cmyk_jpeg_take_pillow(photos, tmp_path):
+    policy, box = TransformPolicy("imagenet", 64), (40, 30, 300, 280)
+    with Image.open(photos[1]) as img:
+        rgb = img.convert("RGB")
+    rgb.save(tmp_path / "p.png")
+    rgb.convert("CMYK").save(tmp_path / "c.jpg", quality=95)
+    png = decode(tmp_path / "p.png", policy, lambda w, h: SampleOp(box, False), False)
+    assert np.array_equal(png, reference(tmp_path / "p.png", box, 64, False, False))  # Pillow's resize, exactly
+    cmyk = decode(tmp_path / "c.jpg", policy, lambda w, h: SampleOp(box, False), False)
+    error = np.abs(cmyk - reference(tmp_path / "c.jpg", box, 64, False, False)).mean()
+    assert cmyk.shape == (64, 64, 3) and error < 3, error  # Pillow's DCT scaling (draft), then its resize
+
+
+def test_broken_jpegs_raise_a_decode_error(photos):
+    data = photos[0].read_bytes()
+    for broken in (data[:300], data[:len(data) // 2], b"\xff\xd8\xff" + bytes(50)):
+        with pytest.raises(DECODE_ERRORS):
+            decode(broken, TransformPolicy("imagenet", 32), lambda w, h: SampleOp(None, False), False)

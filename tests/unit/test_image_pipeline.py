@@ -107,12 +107,15 @@ def test_mid_epoch_resume_gives_the_same_batches(tmp_path, pool):
 def test_corrupt_jpeg_is_named_from_inside_a_worker(tmp_path, pool):
     root = jpeg_tree(tmp_path / "d")
     bad = root / "train" / "bee" / "002.JPEG"
-    bad.write_bytes(bad.read_bytes()[:300])  # a truncated JPEG: the header reads, the pixels do not
+    bad.write_bytes(bad.read_bytes()[:300])  # a truncated JPEG: its header is cut short
+    cut = root / "train" / "cat" / "003.JPEG"
+    cut.write_bytes(cut.read_bytes()[:len(cut.read_bytes()) // 2])  # the header reads, the pixels end halfway
     train, _, _ = datasets(root, pool)
-    row = next(i for i in range(len(train)) if train.index.relpath(i) == "bee/002.JPEG")
-    with pytest.raises(DataError) as err:
-        train.get_batch(np.array([0, row, 1]), 0)
-    assert str(bad) in str(err.value) and "image.bad_files=skip" in str(err.value)
+    for path, relpath, reason in ((bad, "bee/002.JPEG", ""), (cut, "cat/003.JPEG", "Premature end of JPEG file")):
+        row = next(i for i in range(len(train)) if train.index.relpath(i) == relpath)
+        with pytest.raises(DataError) as err:
+            train.get_batch(np.array([0, row, 1]), 0)
+        assert str(path) in str(err.value) and reason in str(err.value) and "image.bad_files=skip" in str(err.value)
     x, _ = train.get_batch(np.array([0, 1]), 0)  # the pool keeps working afterwards
     assert x.shape[0] == 2
 
