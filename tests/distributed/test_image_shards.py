@@ -32,9 +32,18 @@ def photos(tmp_path_factory):
     return photo_tree.make_tree(tmp_path_factory.mktemp("photos"), classes=4, train=60, val=15, size=(200, 150))
 
 
-def store(photos, dest, fmt):
-    run([sys.executable, STORES, photos, dest, fmt], timeout=300)
-    return dest
+@pytest.fixture(scope="module")
+def store(photos, tmp_path_factory):
+    """``store(fmt)``: the photo tree written once per module in format ``fmt`` by its real producer
+    (the runs only read it; each run has its own index cache)."""
+    stores = {}
+
+    def get(fmt):
+        if fmt not in stores:
+            stores[fmt] = tmp_path_factory.mktemp("stores") / fmt
+            run([sys.executable, STORES, photos, stores[fmt], fmt], timeout=300)
+        return stores[fmt]
+    return get
 
 
 # every format with both frameworks (torch on Arrow: the kill-and-resume test below); each pair
@@ -43,8 +52,8 @@ def store(photos, dest, fmt):
 @pytest.mark.parametrize("framework,fmt", [("torch", "webdataset"), ("tensorflow", "parquet"),
                                            ("tensorflow", "webdataset"), ("torch", "parquet"),
                                            ("tensorflow", "arrow")])
-def test_two_ranks_learn_real_photos_from_shards(tmp_path, photos, framework, fmt):
-    data, out = store(photos, tmp_path / fmt, fmt), tmp_path / "run"
+def test_two_ranks_learn_real_photos_from_shards(tmp_path, store, framework, fmt):
+    data, out = store(fmt), tmp_path / "run"
     proc = horovodrun([hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--data", data,
                        "--output", out, "--epochs", "3", *COMMON],
                       env={"HVDTRAIN_DATA_CACHE": str(tmp_path / "cache")}, timeout=400)
@@ -65,8 +74,8 @@ KILL_AT = 14
 
 
 @pytest.mark.distributed
-def test_kill_mid_epoch_then_resume_from_arrow_shards_is_bitwise_equal(tmp_path, photos):
-    data = store(photos, tmp_path / "arrow", "arrow")
+def test_kill_mid_epoch_then_resume_from_arrow_shards_is_bitwise_equal(tmp_path, store):
+    data = store("arrow")
     env = {"HVDTRAIN_DATA_CACHE": str(tmp_path / "cache")}
 
     def command(out, *extra):
