@@ -1,15 +1,17 @@
 """Worker for tests/distributed/test_sharded_optimizer_tf.py: run under horovodrun -np N.
 
-``python sharded_updates_tf.py REPORT``: for SGD (momentum, coupled weight decay), Adam and AdamW
-(decoupled decay; also with two micro-batches per update and float16 on the wire), a two-layer
-Keras model whose buffers (kernels with decay, biases without) do not divide by the world size is
-trained through the TensorFlow adapter for three updates (a different LR each, global-norm
-clipping on, each rank its own slice of the global batch), with ``parallel.shard_optimizer`` none,
-optimizer and gradients, from the same weights. Each run's checkpoint (``gather_state`` on every
-rank, ``save_state`` on rank 0: real files beside REPORT) is then resumed by another kind of run
-(``load_state`` on rank 0, ``broadcast_state``), which takes one more update. Rank 0 writes the
-weights after every update, where the checkpoints are and the bytes of optimizer state each rank
-keeps.
+``python sharded_updates_tf.py REPORT [EARLIER_REPORT]``: for SGD (momentum, coupled weight
+decay), Adam and AdamW (decoupled decay; also with two micro-batches per update and float16 on the
+wire), a two-layer Keras model whose buffers (kernels with decay, biases without) do not divide by
+the world size is trained through the TensorFlow adapter for three updates (a different LR each,
+global-norm clipping on, each rank its own slice of the global batch), with
+``parallel.shard_optimizer`` none, optimizer and gradients, from the same weights. Each run's
+checkpoint (``gather_state`` on every rank, ``save_state`` on rank 0: real files beside REPORT) is
+then resumed by another kind of run (``load_state`` on rank 0, ``broadcast_state``), which takes
+one more update. With EARLIER_REPORT (a run on another number of ranks) AdamW only, and the runs
+resumed are that run's checkpoints instead, written on that many ranks. Rank 0 writes the weights
+after every update, where the checkpoints are, their ``optimizer.npz`` variable paths without
+Keras's numbering and the bytes of optimizer state each rank keeps.
 """
 
 import json
@@ -21,6 +23,7 @@ import numpy as np
 from hvdtrain import ArrayDataset, TrainTask, load_config
 
 REPORT = Path(sys.argv[1])
+EARLIER = json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else None
 FEATURES, HIDDEN, CLASSES, PER_RANK = 7, 5, 3, 4
 LRS = [0.1, 0.3, 0.05, 0.2]
 MODES = ("none", "optimizer", "gradients")
@@ -30,8 +33,9 @@ OPTIMIZERS = {"sgd": ["optim.name=sgd", "optim.momentum=0.9", "optim.weight_deca
               # two micro-batches per update, float16 on the wire
               "adamw_accumulation_fp16": ["optim.name=adamw", "optim.weight_decay=0.01", "train.grad_accumulation=2",
                                           "comm.compression=fp16"]}
-# each kind of run's checkpoint resumed by another kind
+# each kind of run's checkpoint resumed by another kind (on as many ranks, or from EARLIER's)
 RESUMES = (("none", "optimizer"), ("optimizer", "none"), ("gradients", "none"), ("none", "gradients"))
+RESUMES_ELSEWHERE = (("none", "none"), ("gradients", "optimizer"), ("optimizer", "gradients"))
 
 rng = np.random.default_rng(11)
 X = rng.standard_normal((256, FEATURES)).astype(np.float32)
@@ -43,6 +47,7 @@ def main():
     import tensorflow as tf
 
     from hvdtrain.tensorflow import TensorFlowAdapter, build_optimizer, low_rank_variables
+    from hvdtrain.tensorflow.adapter import OPTIMIZER_FILE, canonical_paths
 
     adapter = TensorFlowAdapter()
     ctx = adapter.init(load_config(overrides=["train.seed=0", "train.threads=1"]))
@@ -82,6 +87,8 @@ def main():
 
     report = {"world_size": ctx.size, "runs": {}}
     for name, overrides in OPTIMIZERS.items():
+        if EARLIER is not None and name != "adamw":
+            continue
         runs = {}
         for mode in MODES:
             m, history = prepared(overrides, mode), []
@@ -90,16 +97,20 @@ def main():
                 update(m, step, history)
             folder = REPORT.parent / f"{name}-{mode}"
             adapter.gather_state()  # every rank: rank 0 gets the whole optimizer state
+            paths = None
             if ctx.rank == 0:
                 folder.mkdir()
                 adapter.save_state(folder)
+                with np.load(folder / OPTIMIZER_FILE) as saved:
+                    paths = canonical_paths([str(p) for p in saved["paths"]])
             adapter.barrier()
             runs[mode] = {"weights": history, "state_bytes": adapter.allgather_object(state_bytes()),
-                          "checkpoint": str(folder)}
-        for mode, other in RESUMES:
+                          "checkpoint": str(folder), "paths": paths}
+        for mode, other in RESUMES if EARLIER is None else RESUMES_ELSEWHERE:
             m, history = prepared(overrides, other), []
             if ctx.rank == 0:
-                adapter.load_state(Path(runs[mode]["checkpoint"]))
+                earlier = runs if EARLIER is None else EARLIER["runs"][name]
+                adapter.load_state(Path(earlier[mode]["checkpoint"]))
             adapter.broadcast_state()
             update(m, 3, history)
             runs[mode][f"resumed_by_{other}"] = history[-1]
