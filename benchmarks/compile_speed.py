@@ -120,6 +120,7 @@ def torch_hand_loop(name: str, size: int, compiled: bool, inputs: Any, labels: A
     import torch.nn.functional as F
 
     model = torch_model(name, size, pretrained=horovod).to(device)
+    model.train()  # as the adapter does (from_pretrained returns a model in eval mode: no dropout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if horovod:
         import horovod.torch as hvd
@@ -246,8 +247,7 @@ def tf_hvdtrain_loop(name: str, size: int, compiled: bool, inputs: Any, labels: 
     adapter = TensorFlowAdapter()
     adapter.init(config)
     model = keras_model(name, size)
-    sample = {k: v[:1].astype(np.int32) for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:1]
-    dummy = ArrayDataset(sample, labels[:1])
+    dummy = ArrayDataset(np.zeros((2, 1), np.float32), np.zeros(2, np.int64))  # the Keras models are built
     task = TrainTask(model, build_optimizer(config.optim), keras_loss, dummy, dummy, metric_sums=lambda o, t: {})
     adapter.prepare(task, config)
     adapter.broadcast_state()
