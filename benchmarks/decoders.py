@@ -72,7 +72,10 @@ def crops(paths: list[Path], seed: int) -> list[tuple[int, int, int, int, bool]]
 
 
 def flip(a: np.ndarray, f: bool) -> np.ndarray:
-    return np.ascontiguousarray(a[:, ::-1]) if f else a
+    """The same flip for every contender: OpenCV's (a copy of a reversed numpy view costs 25x more)."""
+    import cv2
+
+    return cv2.flip(np.ascontiguousarray(a), 1) if f else a
 
 
 def pillow(data: bytes, crop, draft: bool = False, reduce: bool = False) -> np.ndarray:

