@@ -15,8 +15,8 @@ hyperparameters per group) over one flat tensor per group. One update:
    gradients, then one grouped allgather of the updated slices writes the whole model back on every
    rank.
 
-With ``gradients`` (ZeRO-2) :class:`FlatReduceScatter` replaces step 1: one grouped
-reduce-scatter (op Average) leaves each rank the averaged gradient of its own slice only, as the
+With ``gradients`` (ZeRO-2) :class:`FlatReduceScatter` replaces step 1: a reduce-scatter (op
+Average, in pieces whose copies inside Horovod stay small) leaves each rank the averaged gradient of its own slice only, as the
 shard's ``.grad``; the whole flat buffers are freed right after it and allocated again (zeroed) by
 :meth:`ShardedOptimizer.attach_grads` before the next backward pass. The adapter's update then works
 on the shards: :attr:`ShardedOptimizer.param_groups` are the shard optimizer's groups (the loss
@@ -54,6 +54,9 @@ import torch
 
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.exchange import Stateless
+
+#: ZeRO-2 reduce-scatters the flat gradients in pieces of about this many elements (16 MiB of float32).
+SCATTER_ELEMENTS = 1 << 22
 
 #: Optimizers whose update of an element depends on that element's gradient and state only.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad")
@@ -316,9 +319,9 @@ class FlatAllreduce(Stateless):
 
 
 class FlatReduceScatter(FlatAllreduce):
-    """ZeRO-2's gradient exchange: each parameter group's flat gradients reduce-scattered with one
-    grouped reduce-scatter per update (op Average, optional float16 on the wire), so each rank holds
-    the averaged gradient of its own slice only; the whole buffers are freed."""
+    """ZeRO-2's gradient exchange: each parameter group's flat gradients reduce-scattered (op Average,
+    optional float16 on the wire) in pieces of :data:`SCATTER_ELEMENTS`, so each rank holds the
+    averaged gradient of its own slice only; the whole buffers are freed."""
 
     @torch.no_grad()
     def reduce(self, grads: list[Any]) -> list[Any]:
@@ -326,18 +329,32 @@ class FlatReduceScatter(FlatAllreduce):
         those shard gradients (what the adapter unscales, checks, clips and applies)."""
         optimizer = self.optimizer
         optimizer.attach_grads()
-        flats = optimizer.grad_flats
         if optimizer.size > 1:
-            fp16 = self.compression is hvd.Compression.fp16
-            wire = [f.to(torch.float16) for f in flats] if fp16 else flats
-            mine = hvd.grouped_reducescatter(wire, op=hvd.Average, name="hvdtrain.zero.grads")  # distributed
-            mine = [m.to(f.dtype) for m, f in zip(mine, flats)] if fp16 else mine
+            mine = [self._scatter(i, layout, flat)
+                    for i, (layout, flat) in enumerate(zip(optimizer.layouts, optimizer.grad_flats))]
         else:
-            mine = [layout.mine(flat).clone() for layout, flat in zip(optimizer.layouts, flats)]
+            mine = [layout.mine(flat).clone() for layout, flat in zip(optimizer.layouts, optimizer.grad_flats)]
         optimizer.free_grads()
         for shard, grad in zip(optimizer.shards, mine):
             shard.grad = grad
         return [shard.grad for shard in optimizer.shards]
+
+    @torch.no_grad()
+    def _scatter(self, index: int, layout: FlatLayout, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's averaged slice of ``flat``, reduce-scattered in pieces of about
+        :data:`SCATTER_ELEMENTS` (a collective each): the buffer seen as ``N`` rows, one per rank's
+        slice, cut into column blocks, so each rank still receives its own contiguous slice; Horovod
+        copies what it reduces, and a piece at a time that copy stays small."""
+        size = self.optimizer.size
+        rows, out = flat.view(size, layout.shard), torch.empty(layout.shard, dtype=flat.dtype, device=flat.device)
+        width = max(1, SCATTER_ELEMENTS // size)
+        for start in range(0, layout.shard, width):
+            piece = rows[:, start:start + width].contiguous()
+            if self.compression is hvd.Compression.fp16:
+                piece = piece.to(torch.float16)
+            got = hvd.reducescatter(piece, op=hvd.Average, name=f"hvdtrain.zero.grads.{index}.{start}")  # distributed
+            out[start:start + width] = got.reshape(-1)
+        return out
 
     def global_norm(self, local: torch.Tensor) -> torch.Tensor:
         """The norm of the whole gradient from this rank's shard norm ``local``: the squared shard

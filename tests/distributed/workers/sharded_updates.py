@@ -40,7 +40,10 @@ def main():
     import torch.nn.functional as F
 
     from hvdtrain.torch import TorchAdapter, build_optimizer, decay_groups
+    from hvdtrain.torch import sharded
     from hvdtrain.torch.sharded import FlatReduceScatter, ShardedOptimizer
+
+    sharded.SCATTER_ELEMENTS = 8  # ZeRO-2 reduce-scatters these small buffers in several pieces, as a large model's
 
     adapter = TorchAdapter()
     ctx = adapter.init(load_config(overrides=["train.seed=0", "train.threads=1"]))
