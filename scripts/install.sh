@@ -122,6 +122,16 @@ if old in text:
 elif new not in text:
     raise SystemExit(f"{path}: no EXTENSIONS list to reorder")
 PY
+# ... and remember the answers (scripts/horovod_probe_cache.py: about 1.9 s of CPU less per launch)
+"$venv/bin/python" - "$repo/scripts/horovod_probe_cache.py" <<'PY' || die "could not add the build-probe cache to horovod/common/util.py"
+import importlib.util, pathlib, sys
+path = pathlib.Path(importlib.util.find_spec("horovod.common.util").origin)
+text, patch = path.read_text(), pathlib.Path(sys.argv[1]).read_text()
+if "_hvdtrain_probe_uncached" not in text:
+    if "def _check_extension_lambda(" not in text:
+        raise SystemExit(f"{path}: no _check_extension_lambda to wrap")
+    path.write_text(text.rstrip("\n") + "\n\n\n" + patch)
+PY
 
 say "installing hvdtrain (editable) with its test extras"
 extras="all,test,trackers"
