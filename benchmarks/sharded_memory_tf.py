@@ -13,10 +13,11 @@ memory (``ru_maxrss``) and peak virtual size (``VmPeak``)::
 ``fit``: a BERT-base-sized model (hidden 768, 12 layers, random weights written from a
 ``transformers.BertConfig``, the MiniLM's real tokenizer) under a per-process address-space limit
 (``prlimit --as``, on each worker): the limit is set halfway between the two modes' unlimited
-``VmPeak`` (measured first; or ``--limit-mb``), then data parallelism and ``gradients`` run under
-it; the line records whether each trained (exit status, last error line)::
+``VmPeak`` (measured first, each mode once: the probes are kept in ``WORK/probe.jsonl`` and reused;
+or ``--limit-mb``), then data parallelism and ``--mode`` (``optimizer`` by default) run under it;
+the line records whether each trained (exit status, last error line)::
 
-    python benchmarks/sharded_memory_tf.py fit runs/sharded_tf_fit.jsonl --np 2
+    python benchmarks/sharded_memory_tf.py fit runs/sharded_tf_fit.jsonl --np 2 --samples 32
 
 ``worker`` is what the jobs run.
 """
@@ -144,21 +145,23 @@ def _last_error(job: subprocess.CompletedProcess) -> str:
 def fit(args: argparse.Namespace) -> None:
     """Data parallelism against ``gradients`` sharding under one per-process address-space limit."""
     args.model = args.model or str(bert_base_dir(Path(args.work) / "bert-base-sized"))
-    modes = ("none", "gradients")
+    modes = ("none", args.mode)
     out = Path(args.out)
     limit = args.limit_mb * 1024 if args.limit_mb else None
     peaks = {}
     if limit is None:  # each mode's unlimited peak virtual size first: the limit lies between them
         probe = Path(args.work) / "probe.jsonl"
-        probe.unlink(missing_ok=True)
+        probed = {json.loads(line)["label"] for line in probe.read_text().splitlines()} if probe.exists() else set()
         for mode in modes:
+            if f"probe-{mode}" in probed:
+                continue
             job = launch(probe, f"probe-{mode}", _overrides(args, mode, Path(args.work) / f"probe-{mode}"), args.np)
             if job.returncode:
                 sys.exit(f"probe {mode} failed ({job.returncode}):\n{job.stdout[-3000:]}\n{job.stderr[-3000:]}")
         for line in probe.read_text().splitlines():
             row = json.loads(line)
             peaks[row["label"].split("-", 1)[1]] = max(r["vm_peak_kib"] for r in row["ranks"])
-        limit = (peaks["none"] + peaks["gradients"]) // 2
+        limit = (peaks["none"] + peaks[args.mode]) // 2
     result = {"label": f"fit-np{args.np}", "model": args.model, "limit_kib": limit, "unlimited_vm_peak_kib": peaks,
               "runs": {}}
     for mode in modes:
@@ -184,6 +187,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64, help="training samples (steps = samples / np / batch)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--limit-mb", type=int, default=None, help="fit: this address-space limit per worker")
+    parser.add_argument("--mode", default="optimizer", choices=MODES[1:], help="fit: the sharded mode tried")
     parser.add_argument("--work", default="runs/sharded_memory_tf", help="scratch folder for outputs and the model")
     args = parser.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)

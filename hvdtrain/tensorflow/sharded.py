@@ -90,8 +90,10 @@ class FlatGroup:
         return tf.concat(pieces, axis=0)
 
     def split(self, flat: Any) -> list[Any]:
-        """A whole buffer cut back into tensors shaped like the variables."""
-        pieces = tf.split(flat[:self.total], self.numels)
+        """A whole buffer cut back into tensors shaped like the variables (the padding split off
+        with them: no copy of the whole buffer first)."""
+        sizes = self.numels + ([self.padded - self.total] if self.padded > self.total else [])
+        pieces = tf.split(flat, sizes)
         return [tf.reshape(p, s) for p, s in zip(pieces, self.shapes)]
 
     def mine(self, flat: Any) -> Any:

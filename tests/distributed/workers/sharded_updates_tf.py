@@ -33,8 +33,9 @@ OPTIMIZERS = {"sgd": ["optim.name=sgd", "optim.momentum=0.9", "optim.weight_deca
               # two micro-batches per update, float16 on the wire
               "adamw_accumulation_fp16": ["optim.name=adamw", "optim.weight_decay=0.01", "train.grad_accumulation=2",
                                           "comm.compression=fp16"]}
-# each kind of run's checkpoint resumed by another kind (on as many ranks, or from EARLIER's)
-RESUMES = (("none", "optimizer"), ("optimizer", "none"), ("gradients", "none"), ("none", "gradients"))
+# a sharded run's checkpoint resumed by data parallelism and the other way round (the other pairs
+# on 4 ranks, from EARLIER's checkpoints)
+RESUMES = (("optimizer", "none"), ("none", "gradients"))
 RESUMES_ELSEWHERE = (("none", "none"), ("gradients", "optimizer"), ("optimizer", "gradients"))
 
 rng = np.random.default_rng(11)
