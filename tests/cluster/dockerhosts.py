@@ -129,14 +129,20 @@ def key_material_in_layers(docker: str, image: str, keys: Path) -> list[str]:
 
 
 class Cluster:
-    """A set of containers from one image acting as hosts; ``docker`` is the client to use."""
+    """A set of containers from one image acting as hosts; ``docker`` is the client to use. Its
+    containers, network and volumes are all named ``<prefix>-...`` (a subclass with a prefix of
+    its own never touches another's); ``volumes`` lists the ones :meth:`start` creates and
+    :meth:`remove` removes."""
+
+    prefix = PREFIX
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
         self.docker = ""
-        self.network = f"{PREFIX}-net"
-        self.volume = f"{PREFIX}-shared"
-        self.elastic_volume = f"{PREFIX}-elastic"  # writable on every host: an elastic job's rank 0 can be on any
+        self.network = f"{self.prefix}-net"
+        self.volume = f"{self.prefix}-shared"
+        self.elastic_volume = f"{self.prefix}-elastic"  # writable on every host: an elastic job's rank 0 can be on any
+        self.volumes = [self.volume, self.elastic_volume]
         self.context = tmp / "context"  # the build context: a copy of this tree plus the README's key pair
         self.keys = self.context / "hvdtrain-ssh"
         self.hosts: dict[str, dict] = {}
@@ -163,10 +169,7 @@ class Cluster:
     def start(self, names: list[str]) -> None:
         """The network, the shared volume, a key pair, and one worker container per name."""
         self.remove()
-        self.run("network", "create", self.network)
-        self.run("volume", "create", self.volume)
-        self.run("volume", "create", self.elastic_volume)
-        make_key_pair(self.keys)
+        self.create_network_and_volumes()
         for index, name in enumerate(names):
             self.add_host(name, writable=index == 0)
         for name in names:
@@ -196,10 +199,17 @@ class Cluster:
                 raise AssertionError(f"ssh to {name} did not work: {proc.stdout}{proc.stderr}")
             time.sleep(1)
 
+    def create_network_and_volumes(self) -> None:
+        """The network, every volume of ``volumes`` and the key pair (after :meth:`remove`)."""
+        self.run("network", "create", self.network)
+        for volume in self.volumes:
+            self.run("volume", "create", volume)
+        make_key_pair(self.keys)
+
     # -- use ----------------------------------------------------------------------------------
-    @staticmethod
-    def container(name: str) -> str:
-        return f"{PREFIX}-{name}"
+    def container(self, name: str) -> str:
+        """The container name of host ``name``."""
+        return f"{self.prefix}-{name}"
 
     def run(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         """``docker ARGS``."""
@@ -235,9 +245,9 @@ class Cluster:
         """Remove this module's containers, network and volume (left by an earlier run too)."""
         if not self.docker:
             return
-        listed = self.run("ps", "-aq", "--filter", f"name=^{PREFIX}-", check=False).stdout.split()
+        listed = self.run("ps", "-aq", "--filter", f"name=^{self.prefix}-", check=False).stdout.split()
         if listed:
             self.run("rm", "-f", *listed, check=False)
         self.run("network", "rm", self.network, check=False)
-        self.run("volume", "rm", "-f", self.volume, self.elastic_volume, check=False)
+        self.run("volume", "rm", "-f", *self.volumes, check=False)
         self.hosts.clear()

@@ -34,15 +34,12 @@ START = "/opt/hvdtrain/docker/slurm/start.sh"
 class SlurmCluster(Cluster):
     """``ctl`` (slurmctld) and ``n1``, ``n2`` (slurmd, 4 CPUs each: small jobs side by side) from ``hvdtrain:slurm``."""
 
+    prefix = SLURM_PREFIX  # tests/cluster's Cluster.remove, on these names only
+
     def __init__(self, tmp: Path):
         super().__init__(tmp)
-        self.network = f"{SLURM_PREFIX}-net"
-        self.volume = f"{SLURM_PREFIX}-shared"
+        self.volumes = [self.volume]
         self.munge_key = tmp / "munge" / "munge.key"
-
-    @staticmethod
-    def container(name: str) -> str:
-        return f"{SLURM_PREFIX}-{name}"
 
     # -- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
@@ -71,11 +68,9 @@ class SlurmCluster(Cluster):
         """Network, shared volume, MUNGE key, ``ctl`` and the nodes (``mounts``: container path ->
         host folder, read-only on every container); returns once ``sinfo`` shows every node idle."""
         self.remove()
-        self.run("network", "create", self.network)
-        self.run("volume", "create", self.volume)
+        self.create_network_and_volumes()
         self.munge_key.parent.mkdir(parents=True, exist_ok=True)
         self.munge_key.write_bytes(os.urandom(1024))
-        make_key_pair(self.keys)
         env = {"HVDTRAIN_SLURM_CONTROLLER": CONTROLLER, "HVDTRAIN_SLURM_NODES": ",".join(nodes),
                "HVDTRAIN_SLURM_CPUS": "4"}
         for name in (CONTROLLER, *nodes):
@@ -149,15 +144,3 @@ class SlurmCluster(Cluster):
             proc = self.exec(name, "tail", "-n", "25", f"/var/log/slurm/{log}", check=False, timeout=30)
             parts.append(f"--- {name}: {log}\n{proc.stdout}")
         return "\n".join(parts)
-
-    # -- clean-up -----------------------------------------------------------------------------
-    def remove(self) -> None:
-        """Remove this module's containers, network and volume (left by an earlier run too)."""
-        if not self.docker:
-            return
-        listed = self.run("ps", "-aq", "--filter", f"name=^{SLURM_PREFIX}-", check=False).stdout.split()
-        if listed:
-            self.run("rm", "-f", *listed, check=False)
-        self.run("network", "rm", self.network, check=False)
-        self.run("volume", "rm", "-f", self.volume, check=False)
-        self.hosts.clear()
