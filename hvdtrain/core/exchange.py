@@ -63,21 +63,22 @@ five-digit index (``model``, ``optimizer``). A state holds only what the exchang
 exchange without state returns ``{}`` and :attr:`GradientExchange.keeps_state` is False, so the
 checkpoint holds no ``comm_state.npz`` and nothing is gathered.
 
-**Later exchanges** plug in at the same points without touching the loop or the checkpoint code:
+**Two more features** plug in at the same points without touching the loop or the checkpoint code:
 
-* *Sharded optimizer state* (ZeRO-1/2): ``reduce`` runs a reduce-scatter (``hvd.reducescatter``,
-  grouped) so each rank holds the averaged gradient of its shard only; the adapter's update then
-  steps the shard's optimizer; ``after_update`` all-gathers the updated parameter shards
-  (``hvd.allgather``) so every rank holds the whole model again. The optimizer shard is per-rank
-  state, so ``state``/``load_state`` carry it (as ``optimizer/<i>``, the shard's tensors), with
-  ``keeps_state`` True; a resume at another world size re-shards in ``reset`` (or refuses, as
-  today's states start afresh). An adapter that must update a shard asks the exchange which
-  parameters it updates: an optional ``owned(params)`` method, all of them by default.
-* *Compiled steps* (``torch.compile``, XLA): ``reduce`` and ``after_update`` are already called
-  inside TensorFlow's ``tf.function`` step, so an exchange built only of graph ops (all of today's)
-  compiles with the step; a torch exchange for a compiled step implements ``reduce`` with
-  functional collectives on the gradients it is given and returns new tensors instead of
-  writing ``p.grad`` through Horovod's hooks.
+* *Sharded optimizer state* (``parallel.shard_optimizer``: ZeRO-1 ``optimizer``, ZeRO-2
+  ``gradients``; :mod:`hvdtrain.torch.sharded`, :mod:`hvdtrain.tensorflow.sharded`): the gradients
+  live in flat buffers, one per parameter group, padded to a multiple of the world size; ``reduce``
+  averages them with one grouped allreduce (ZeRO-1) or reduce-scatters them so each rank keeps the
+  averaged gradient of its own slice only (ZeRO-2); the optimizer the adapter steps updates this
+  rank's slice with its 1/N of the optimizer state and all-gathers the parameters. The exchange
+  itself keeps no state (``keeps_state`` False): checkpoints hold the whole optimizer state in data
+  parallelism's format (gathered to rank 0 when saving, each rank's slice taken when loading), so a
+  resume at any world size, sharded or not, re-shards on load.
+* *Compiled steps* (``train.compile``, :mod:`hvdtrain.core.compiled`): torch compiles only the
+  model's forward and backward (``torch.compile``), so the exchange runs unchanged from Horovod's
+  hooks and ``p.grad``; TensorFlow compiles only the forward and ``tape.gradient`` with XLA, and the
+  exchange stays in the step's ``tf.function`` outside the XLA part (Horovod's XLA ops exist only in
+  its GPU builds).
 """
 
 from __future__ import annotations
