@@ -136,10 +136,15 @@ def bert_base_dir(directory: Path) -> Path:
     return directory
 
 
+MEMORY_ERRORS = ("MemoryError", "bad_alloc", "ResourceExhausted", "Cannot allocate", "OOM", "out of memory")
+
+
 def _last_error(job: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in (job.stdout + job.stderr).splitlines()
-             if "Error" in ln or "error" in ln or "Killed" in ln or "bad_alloc" in ln]
-    return lines[-1][-300:] if lines else ""
+    """Why a job failed: its first out-of-memory line, else its last error line."""
+    lines = (job.stdout + job.stderr).splitlines()
+    memory = [ln for ln in lines if any(word in ln for word in MEMORY_ERRORS)]
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln or "Killed" in ln]
+    return (memory[:1] or errors[-1:] or [""])[0][-300:]
 
 
 def fit(args: argparse.Namespace) -> None:
