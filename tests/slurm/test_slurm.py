@@ -6,13 +6,17 @@ with ``squeue``/``scontrol`` as a user would.
   Horovod job of 2 ranks on n1 and n2, every rank's parameters identical (the CLI run through
   tests/cluster/workers/cli_ranks.py, by the template's HVDTRAIN_COMMAND);
 * ``horovodrun -H $(hvdtrain slurm-hosts)`` inside the allocation (examples/slurm/horovodrun.sbatch,
-  over the nodes' sshd), ``mpirun`` inside the allocation (mpirun.sbatch: Open MPI starts its
-  daemons with srun) and ``srun --mpi=pmix`` (srun-pmix.sbatch), the last two on MPI with the
-  PyPI Open MPI: the same metrics and weights, bitwise, as the srun Gloo job;
-* preemption (examples/slurm/requeue.sbatch): a real ``scontrol requeue`` mid-run (torch; SIGTERM
-  to the tasks, Slurm queues the job again) and a time limit whose ``--signal=USR1@60`` warning
-  comes mid-run (TensorFlow; the script requeues on exit 75): each job runs again, continues from
-  its step checkpoint by ``--resume auto`` and ends bitwise equal to the uninterrupted srun job;
+  over the nodes' sshd; TensorFlow), ``mpirun`` inside the allocation (mpirun.sbatch: Open MPI
+  starts its daemons with srun; torch) and ``srun --mpi=pmix`` (srun-pmix.sbatch; TensorFlow), the
+  last two on MPI with the PyPI Open MPI: the same metrics and weights, bitwise, as the srun Gloo
+  job of their framework (every launch is run by one framework, each framework by Gloo and MPI);
+* preemption (examples/slurm/requeue.sbatch): a real ``scontrol requeue`` mid-run (TensorFlow;
+  SIGTERM to the tasks, Slurm queues the job again) and a time limit whose ``--signal=USR1@60``
+  warning comes mid-run (torch; the script requeues on exit 75): each job runs again, continues
+  from its step checkpoint by ``--resume auto`` and ends bitwise equal to the uninterrupted srun
+  job (every weight and running statistic: the TensorFlow jobs train ResNet-18, with BatchNorm,
+  whose per-rank statistics the stop's checkpoint keeps; the torch jobs the small CNN, with
+  dropout, whose per-rank random streams it keeps);
 * the singleton trap: ``hvdtrain`` started by the batch script of a 2-task job without srun stops
   at once with one line naming the fix.
 
@@ -36,7 +40,7 @@ from pathlib import Path
 import pytest
 
 from cluster.dockerhosts import docker_capability
-from jobs import assert_same_run, checkpoint_weights
+from jobs import assert_own_statistics_kept, assert_same_run, checkpoint_weights
 from slurm.slurmcluster import CONTROLLER, SlurmCluster
 
 WHY_NOT = docker_capability()
@@ -52,7 +56,10 @@ DATA = "/data/mnist-imagefolder"  # this machine's embedded MNIST, mounted read-
 TRAIN = ["--epochs", "2", "--data", DATA, "--batch-size", "32", "--set", "data.max_train_samples=512",
          "--set", "data.max_val_samples=64", "--set", "train.log_every=0", "--set", "train.deterministic=true",
          "--set", "checkpoint.every_steps=5", "--set", "image.workers=0"]
-MPI_LAUNCHERS = ("mpirun", "srun-pmix")  # examples/slurm/<name>.sbatch: Horovod on MPI (PyPI Open MPI)
+MPI_LAUNCHERS = {"mpirun": "torch", "srun-pmix": "tensorflow"}  # examples/slurm/<name>.sbatch: Horovod on MPI
+# (PyPI Open MPI), and the framework that runs it
+MODEL = {"torch": [], "tensorflow": ["--set", "model.name=resnet18", "--set", "image.size=8"]}  # BatchNorm in one
+REQUEUE, LIMIT = "requeue-tensorflow", "limit-torch"  # the two interrupted jobs, one per framework
 CLI_RANKS = "python /opt/hvdtrain/tests/cluster/workers/cli_ranks.py"
 # the first run of a job steps slowly, so that it is still training when it is interrupted; the
 # requeued run goes at full speed
@@ -63,7 +70,8 @@ exec hvdtrain "$@"
 
 
 def recipe(framework: str, name: str) -> list[str]:
-    return ["recipe", "image-classification", "--framework", framework, "--output", f"/shared/runs/{name}", *TRAIN]
+    return ["recipe", "image-classification", "--framework", framework, "--output", f"/shared/runs/{name}", *TRAIN,
+            *MODEL[framework]]
 
 
 class Jobs:
@@ -83,10 +91,10 @@ class Jobs:
 
     def _watch(self) -> None:
         started = time.monotonic()
-        step5 = self.cluster.shared() / "runs" / "requeue-torch" / "checkpoints" / "step-00000005"
+        step5 = self.cluster.shared() / "runs" / REQUEUE / "checkpoints" / "step-00000005"
         while not self.stop.wait(1):
             if "requeued" not in self.events and step5.is_dir():
-                self.cluster.exec(CONTROLLER, "scontrol", "requeue", str(self.ids["requeue-torch"]))
+                self.cluster.exec(CONTROLLER, "scontrol", "requeue", str(self.ids[REQUEUE]))
                 self.events["requeued"] = time.monotonic() - started
             pending = self.cluster.exec(CONTROLLER, "squeue", "-h", "-t", "PENDING", "-o", "%i %r", check=False).stdout
             for line in pending.splitlines():
@@ -131,18 +139,19 @@ def jobs(cluster):
     for framework in ("torch", "tensorflow"):
         queue.submit(f"gloo-{framework}", "srun-gloo.sbatch", recipe(framework, f"gloo-{framework}"),
                      HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/gloo-{framework}.ranks.json {framework} --")
-    queue.submit("requeue-torch", "requeue.sbatch", recipe("torch", "requeue-torch"),
+    queue.submit(REQUEUE, "requeue.sbatch", recipe("tensorflow", REQUEUE),
                  HVDTRAIN_COMMAND="/shared/slow-first-run.sh", SLOW_MS="2000")
     # Slurm sends the warning up to a minute early: at 60-120 s of the 3 minutes; the first run
     # (8 s a step) is then training, whatever the start-up took on a busy machine
-    queue.submit("limit-tensorflow", "requeue.sbatch", recipe("tensorflow", "limit-tensorflow"), "--time=3",
+    queue.submit(LIMIT, "requeue.sbatch", recipe("torch", LIMIT), "--time=3",
                  "--signal=USR1@60", HVDTRAIN_COMMAND="/shared/slow-first-run.sh", SLOW_MS="8000")
-    queue.submit("horovodrun-torch", "horovodrun.sbatch", recipe("torch", "horovodrun-torch"),
-                 HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/horovodrun-torch.ranks.json torch --",
+    queue.submit("horovodrun-tensorflow", "horovodrun.sbatch", recipe("tensorflow", "horovodrun-tensorflow"),
+                 HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/horovodrun-tensorflow.ranks.json tensorflow --",
                  HVDTRAIN_SSH_PORT="2222")
-    for launcher in MPI_LAUNCHERS:
-        queue.submit(f"{launcher}-torch", f"{launcher}.sbatch", recipe("torch", f"{launcher}-torch"),
-                     HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/{launcher}-torch.ranks.json torch --")
+    for launcher, framework in MPI_LAUNCHERS.items():
+        name = f"{launcher}-{framework}"
+        queue.submit(name, f"{launcher}.sbatch", recipe(framework, name),
+                     HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/{name}.ranks.json {framework} --")
     queue.thread.start()
     yield queue
     queue.stop.set()
@@ -194,44 +203,49 @@ def test_srun_forms_one_gloo_job_from_slurms_variables(cluster, jobs, framework)
 
 
 def test_horovodrun_inside_the_allocation_matches_srun(cluster, jobs):
-    out, _ = assert_completed(jobs, "horovodrun-torch")
+    out, _ = assert_completed(jobs, "horovodrun-tensorflow")
     assert "hvdtrain: horovodrun -np 2 -H n1:1,n2:1:" in out, out[-4000:]  # hvdtrain slurm-hosts
     assert "hvdtrain: workers on n1 (ranks 0), n2 (ranks 1)" in out, out[-4000:]
-    assert ranks(cluster, "horovodrun-torch") == ranks(cluster, "gloo-torch")
-    assert_same_as_srun(cluster, "horovodrun-torch", "torch")
+    assert ranks(cluster, "horovodrun-tensorflow") == ranks(cluster, "gloo-tensorflow")
+    assert_same_as_srun(cluster, "horovodrun-tensorflow", "tensorflow")
 
 
 @pytest.mark.parametrize("launcher", MPI_LAUNCHERS)
 def test_mpi_inside_the_allocation_matches_srun(cluster, jobs, launcher):
-    """mpirun (its daemons started by srun) and srun --mpi=pmix with the PyPI Open MPI: Horovod on
-    MPI, the same result, bitwise, as the Gloo job."""
-    out, _ = assert_completed(jobs, f"{launcher}-torch")
+    """mpirun (its daemons started by srun; torch) and srun --mpi=pmix (TensorFlow) with the PyPI
+    Open MPI: Horovod on MPI, the same result, bitwise, as the Gloo job of that framework."""
+    framework = MPI_LAUNCHERS[launcher]
+    name = f"{launcher}-{framework}"
+    out, _ = assert_completed(jobs, name)
     assert "Sorry!" not in out and "not-valid" not in out, out[-4000:]  # no PMIx notice per rank
-    assert ranks(cluster, f"{launcher}-torch") == ranks(cluster, "gloo-torch")
-    assert_same_as_srun(cluster, f"{launcher}-torch", "torch")
+    assert ranks(cluster, name) == ranks(cluster, f"gloo-{framework}")
+    assert_same_as_srun(cluster, name, framework)
 
 
 def test_scontrol_requeue_mid_run_continues_bitwise(cluster, jobs):
-    out, _ = assert_completed(jobs, "requeue-torch", restarts=1)
+    out, _ = assert_completed(jobs, REQUEUE, restarts=1)
     assert "requeued" in jobs.events, (jobs.events, out[-6000:])
     first, second = out.split(" run 2 on ")
     assert "DUE TO JOB REQUEUE" in first and "rank 0: SIGTERM received" in first, first[-4000:]
     assert "SIGTERM received: stopped every rank after optimizer step" in first, first[-4000:]
     assert "Exited with exit code 75" in first, first[-4000:]
-    stopped = first.split("saved step checkpoint /shared/runs/requeue-torch/checkpoints/")[1].split(";")[0]
+    stopped = first.split(f"saved step checkpoint /shared/runs/{REQUEUE}/checkpoints/")[1].split(";")[0]
     assert "step-00000005" < stopped < "step-00000016", stopped  # after the requeue, before the end
-    assert f"resuming from /shared/runs/requeue-torch/checkpoints/{stopped}" in second
-    assert_same_as_srun(cluster, "requeue-torch", "torch")
+    assert f"resuming from /shared/runs/{REQUEUE}/checkpoints/{stopped}" in second
+    assert_same_as_srun(cluster, REQUEUE, "tensorflow")  # the BatchNorm statistics included
+    # the stop's checkpoint is pruned by then (keep_last); every step checkpoint keeps them alike
+    checkpoints = cluster.shared() / "runs" / REQUEUE / "checkpoints"
+    assert_own_statistics_kept(max(checkpoints.glob("step-*")))
 
 
 def test_time_limit_warning_checkpoints_requeues_and_continues_bitwise(cluster, jobs):
-    out, info = assert_completed(jobs, "limit-tensorflow", restarts=None)
+    out, info = assert_completed(jobs, LIMIT, restarts=None)
     assert int(info["Restarts"]) >= 1, (info, out[-6000:])  # a second warning in a run 2 may requeue it again
     assert "SIGUSR1 received: stopped every rank after optimizer step" in out, out[-6000:]
     assert "stopped at a checkpoint (exit 75): back to the queue" in out, out[-6000:]
-    assert "resuming from /shared/runs/limit-tensorflow/checkpoints/" in out, out[-6000:]
+    assert f"resuming from /shared/runs/{LIMIT}/checkpoints/" in out, out[-6000:]
     assert "DUE TO TIME LIMIT" not in out, out[-6000:]  # stopped by hvdtrain before Slurm's limit
-    assert_same_as_srun(cluster, "limit-tensorflow", "tensorflow")
+    assert_same_as_srun(cluster, LIMIT, "torch")
 
 
 def test_a_process_started_by_the_batch_script_alone_is_refused(cluster, jobs):
