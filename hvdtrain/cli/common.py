@@ -12,6 +12,7 @@ from hvdtrain.core.checkpoint import CheckpointError
 from hvdtrain.core.config import ConfigError
 from hvdtrain.tools.hosts import HostError
 from hvdtrain.core.loop import TrainingError
+from hvdtrain.core.preemption import hold_early_warnings
 from hvdtrain.core.registry import RecipeError
 
 # What the commands catch and turn into an ``hvdtrain: error:`` line and a non-zero exit.
@@ -48,3 +49,4 @@ def main() -> None:
 
     Run alone, or start N workers with: horovodrun -np N hvdtrain recipe NAME ...
     """
+    hold_early_warnings()  # a scheduler's warning during start-up is kept for the run, not fatal

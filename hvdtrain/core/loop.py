@@ -19,8 +19,10 @@ Progress is the position in the data, (epoch, samples consumed), which means the
 number of workers: the LR schedule is evaluated at it (:func:`~hvdtrain.core.schedule.schedule_step`)
 and checkpoints are ordered by it. The optimizer-step counter counts the updates run (a skipped
 non-finite one included), carried across resumes and re-forms: step checkpoint names never repeat.
-Before every evaluation and mid-epoch checkpoint the model's running statistics (BatchNorm) are
-averaged over the ranks, so every rank evaluates, and rank 0 saves, one and the same model.
+Before every evaluation the model's running statistics (BatchNorm) are averaged over the ranks, so
+every rank evaluates, and rank 0 saves, one and the same model; a mid-epoch checkpoint saves their
+mean while each rank trains on with its own (kept per rank in the checkpoint,
+:mod:`hvdtrain.core.compression_state`): writing a checkpoint changes nothing in training.
 """
 
 from __future__ import annotations

@@ -18,6 +18,13 @@ that is already stopping takes the signal's default action at once (a user's sec
 
 Nothing is installed where Python allows no handlers (a thread other than the main one) or in an
 elastic run, whose driver stops and replaces workers with signals of its own.
+
+A warning can come before the watch exists: Slurm's ``--signal=USR1@<seconds>`` may arrive while a
+job still imports its framework, and USR1's default action ends the process. The command line
+therefore holds the warning signals (:data:`EARLY_SIGNALS`) from its first line
+(:func:`hold_early_warnings`); the watch takes over what was held when it starts, as if the signal
+had come then, and a held signal the run does not watch (not in ``checkpoint.preempt_signals``, or
+an elastic run) gets its default action at that moment, as it would have without hvdtrain.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ from typing import Any
 
 from hvdtrain.core.config import preempt_signal_names
 from hvdtrain.core.rank0 import RankZeroGate
+
+#: Warning signals whose default action (ending the process) is held from the command line's start
+#: until a :class:`PreemptionWatch` takes them over (:func:`hold_early_warnings`).
+EARLY_SIGNALS = ("USR1", "USR2")
+_held: list[str] = []  # early signals received before a watch took over, in order
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the job stopped on request and can continue where it stopped
 IMMEDIATE_ON_REPEAT = ("TERM", "INT")  # a second one means "now"
@@ -60,10 +72,22 @@ class PreemptionWatch:
         return bool(self._previous)
 
     def __enter__(self) -> "PreemptionWatch":
-        if self.names and threading.current_thread() is threading.main_thread():
-            for name in self.names:
-                number = getattr(signal, f"SIG{name}")
-                self._previous[number] = signal.signal(number, self._handle)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for name in self.names:
+            number = getattr(signal, f"SIG{name}")
+            previous = signal.signal(number, self._handle)
+            self._previous[number] = signal.SIG_DFL if previous is _hold else previous
+        held, _held[:] = list(_held), []
+        for name in EARLY_SIGNALS:
+            number = getattr(signal, f"SIG{name}")
+            if name in self.names:
+                if name in held:
+                    self._handle(number, None)  # it came before the watch: heard now
+            elif signal.getsignal(number) is _hold:
+                signal.signal(number, signal.SIG_DFL)  # not watched: its own action, now if it came
+                if name in held:
+                    signal.raise_signal(number)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -129,6 +153,24 @@ class PreemptionWatch:
                                checkpoint)
         RankZeroGate(ctx.rank).print(f"hvdtrain: {message}")
         raise Preempted(message, signals, checkpoint)
+
+
+def hold_early_warnings() -> None:
+    """Hold :data:`EARLY_SIGNALS` (where their action is still the default one) until a
+    :class:`PreemptionWatch` takes them over: called first by the command line (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in EARLY_SIGNALS:
+        number = getattr(signal, f"SIG{name}")
+        if signal.getsignal(number) is signal.SIG_DFL:
+            signal.signal(number, _hold)
+
+
+def _hold(number: int, frame: Any) -> None:
+    """Record an early warning signal (see :func:`hold_early_warnings`)."""
+    name = signal.Signals(number).name.removeprefix("SIG")
+    if name not in _held:
+        _held.append(name)
 
 
 def stop_message(signals: list[str], step: int, epoch: int, checkpoint: str | None) -> str:

@@ -133,7 +133,6 @@ class TorchAdapter(FrameworkAdapter):
         self._compile_clock = FirstStepClock(compiled.describe(train_config.compile), hvd.rank()) \
             if self.step_model is not self.model else FirstStepClock()
 
-
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0
 
@@ -246,7 +245,6 @@ class TorchAdapter(FrameworkAdapter):
     def _forward(self, inputs: Any) -> Any:
         model = self.model if self.step_model is None else self.step_model
         return model(**inputs) if isinstance(inputs, dict) else model(inputs)
-
 
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True,
                    weight: float | None = None) -> torch.Tensor:

@@ -17,6 +17,7 @@ from toyrun import fit, snapshot_tree, without_timing
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.loop import TrainingError
+from hvdtrain.core import preemption
 from hvdtrain.core.preemption import EXIT_PREEMPTED, PreemptionWatch, Preempted
 
 pytestmark = pytest.mark.resume
@@ -78,6 +79,38 @@ def test_no_signals_watched_leaves_the_handlers_alone(tmp_path):
 def test_unknown_signal_names_are_refused_naming_the_allowed_ones(tmp_path):
     with pytest.raises(ConfigError, match=r"'KILL' is not a signal .* USR1, USR2, TERM"):
         fit(tmp_path, "checkpoint.preempt_signals=USR1,KILL")
+
+
+def test_a_warning_before_the_run_started_stops_it_at_its_first_step(tmp_path):
+    """Slurm's --signal=USR1@N can come while the job still imports its framework: the command line
+    holds it (hold_early_warnings) and the run hears it as soon as its watch starts."""
+    try:
+        preemption.hold_early_warnings()
+        os.kill(os.getpid(), signal.SIGUSR1)  # during "start-up": held, not fatal
+        assert preemption._held == ["USR1"]
+        with pytest.raises(Preempted) as stopped:
+            fit(tmp_path / "run", "train.epochs=2", "checkpoint.resume=auto")
+        assert stopped.value.signals == ["USR1"]
+        assert stopped.value.checkpoint == str(tmp_path / "run" / "checkpoints" / "step-00000001")
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the watch gave back the default action
+        assert preemption._held == []
+    finally:
+        preemption._held.clear()
+        for number in (signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(number, signal.SIG_DFL)
+
+
+def test_a_held_warning_the_run_does_not_watch_takes_its_default_action_when_the_run_starts():
+    code = ("import os, signal\n"
+            "from hvdtrain.core.preemption import PreemptionWatch, hold_early_warnings\n"
+            "hold_early_warnings()\n"
+            "os.kill(os.getpid(), signal.SIGUSR2)\n"
+            "print('held', flush=True)\n"
+            "with PreemptionWatch('TERM,USR1', rank=0):\n"
+            "    print('survived', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGUSR2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "held" in proc.stdout and "survived" not in proc.stdout
 
 
 def test_a_second_term_takes_the_default_action_at_once():
