@@ -204,27 +204,10 @@ def per_sample(fn):
 
 
 def tf_data(paths, boxes):
-    import tensorflow as tf
+    """The ``tf.data`` reference: the same pipeline as benchmarks/image_pipeline.py's (one thread)."""
+    from image_pipeline import tf_pipeline  # this folder is on sys.path when run as a script
 
-    windows = np.asarray([[top, left, h, w] for left, top, w, h, _ in boxes], dtype=np.int32)
-    flips = np.asarray([f for *_, f in boxes])
-
-    def load(path, window, flip_):
-        image = tf.io.decode_and_crop_jpeg(tf.io.read_file(path), window, channels=3)
-        image = tf.image.resize(image, (SIZE, SIZE), method="bilinear", antialias=False)
-        image = tf.cond(flip_, lambda: tf.image.flip_left_right(image), lambda: image)
-        return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-
-    ds = tf.data.Dataset.from_tensor_slices(([str(p) for p in paths], windows, flips)).map(load)
-    options = tf.data.Options()
-    options.threading.private_threadpool_size = 1
-    options.threading.max_intra_op_parallelism = 1
-    ds = ds.with_options(options)
-
-    def run(_blobs, _boxes):
-        for _ in ds:
-            pass
-    return run
+    return tf_pipeline(paths, boxes)
 
 
 IMPORT_PROBE = ("import time; t = time.process_time(); {stmt}; s = time.process_time() - t; "
