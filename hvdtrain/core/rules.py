@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from hvdtrain.core import early_stop, finetune
-from hvdtrain.core.compiled import TORCH_ONLY_MODES
+from hvdtrain.core.compiled import TORCH_ONLY_MODES, compiling
 from hvdtrain.core.config import ConfigError
 
 COMPRESSORS = ("powersgd", "topk")  # hvdtrain's own exchanges (the others are Horovod's allreduce)
@@ -247,7 +247,7 @@ def sharded_optimizer_with(config: Any) -> str | None:
 def compile_with_pipeline(config: Any) -> str | None:
     """Pipeline stages run their own step (each stage's forward and backward per micro-batch);
     ``train.compile`` compiles the data-parallel step only."""
-    if config.train.compile != "none" and config.parallel.pipeline_stages > 1:
+    if compiling(config) and config.parallel.pipeline_stages > 1:
         return (f"train.compile={config.train.compile} cannot be combined with parallel.pipeline_stages="
                 f"{config.parallel.pipeline_stages}: pipeline stages run their own uncompiled step; use "
                 f"train.compile=none, or parallel.pipeline_stages=1")

@@ -154,8 +154,7 @@ class TensorFlowAdapter(FrameworkAdapter):
         # train.compile (hvdtrain.tensorflow.compiled): the forward and gradient by XLA, the rest as it is
         self.compile_mode = train_config.compile
         self._gradient_fns: dict[bool, Any] = {}  # per frozen-backbone mode, like the steps
-        self._compile_clock = FirstStepClock(compiled.describe(self.compile_mode), hvd.rank()) \
-            if self.compile_mode != "none" else FirstStepClock()
+        self._compile_clock = FirstStepClock(compiled.describe(self.compile_mode), hvd.rank())
         self._eval = tf.function(self._eval_step, reduce_retracing=True, autograph=False)
 
     sharded: ShardedOptimizer | None = None  # parallel.shard_optimizer's, set by prepare()

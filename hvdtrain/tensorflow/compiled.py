@@ -25,6 +25,6 @@ def gradient_function(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
     return tf.function(fn, jit_compile=True, reduce_retracing=True, autograph=False)
 
 
-def describe(mode: str) -> str:
-    """What the compile-time line names."""
-    return "XLA jit_compile, forward and gradient"
+def describe(mode: str) -> str | None:
+    """What the compile-time line names; None when eager."""
+    return None if mode == "none" else "XLA jit_compile, forward and gradient"

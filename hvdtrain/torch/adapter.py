@@ -130,8 +130,7 @@ class TorchAdapter(FrameworkAdapter):
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         # train.compile (hvdtrain.torch.compiled): the forward/backward compiled, the model itself saved
         self.step_model = compiled.step_module(self.model, train_config.compile)
-        self._compile_clock = FirstStepClock(compiled.describe(train_config.compile), hvd.rank()) \
-            if self.step_model is not self.model else FirstStepClock()
+        self._compile_clock = FirstStepClock(compiled.describe(train_config.compile), hvd.rank())
 
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0

@@ -32,6 +32,6 @@ def step_module(model: torch.nn.Module, mode: str) -> Any:
     return torch.compile(model, mode=None if mode == "default" else mode)
 
 
-def describe(mode: str) -> str:
-    """What the compile-time line names: ``torch.compile mode=default``."""
-    return f"torch.compile mode={mode}, forward and backward"
+def describe(mode: str) -> str | None:
+    """What the compile-time line names (``torch.compile mode=default, ...``); None when eager."""
+    return None if mode == "none" else f"torch.compile mode={mode}, forward and backward"
