@@ -139,18 +139,25 @@ def torch_hand_loop(name: str, size: int, compiled: bool, inputs: Any, labels: A
     return step
 
 
+def hvdtrain_config(framework: str, mode: str, threads: int) -> Any:
+    """The config both hvdtrain sides run with: ``train.compile=mode``, SGD with momentum."""
+    from hvdtrain import load_config
+
+    overrides = [f"train.compile={mode}", "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.01",
+                 f"train.threads={threads}"]
+    return load_config(overrides=overrides, framework=framework)
+
+
 def torch_hvdtrain_loop(name: str, size: int, compiled: bool, inputs: Any, labels: Any, mode: str,
                         threads: int) -> Callable[[], None]:
     """hvdtrain's TorchAdapter step with ``train.compile``."""
     import torch.nn.functional as F
 
-    from hvdtrain import ArrayDataset, TrainTask, load_config
+    from hvdtrain import ArrayDataset, TrainTask
     from hvdtrain.torch import TorchAdapter
     from hvdtrain.torch.adapter import build_optimizer
 
-    overrides = [f"train.compile={mode if compiled else 'none'}", "optim.name=sgd", "optim.momentum=0.9",
-                 "optim.lr=0.01", f"train.threads={threads}"]
-    config = load_config(overrides=overrides, framework="torch")
+    config = hvdtrain_config("torch", mode if compiled else "none", threads)
     adapter = TorchAdapter()
     adapter.init(config)
     model = torch_model(name, size)
@@ -238,12 +245,10 @@ def tf_hand_loop(name: str, size: int, compiled: bool, inputs: Any, labels: Any)
 
 def tf_hvdtrain_loop(name: str, size: int, compiled: bool, inputs: Any, labels: Any, threads: int) -> Callable:
     """hvdtrain's TensorFlowAdapter step with ``train.compile``."""
-    from hvdtrain import ArrayDataset, TrainTask, load_config
+    from hvdtrain import ArrayDataset, TrainTask
     from hvdtrain.tensorflow import TensorFlowAdapter, build_optimizer
 
-    overrides = [f"train.compile={'default' if compiled else 'none'}", "optim.name=sgd", "optim.momentum=0.9",
-                 "optim.lr=0.01", f"train.threads={threads}"]
-    config = load_config(overrides=overrides, framework="tensorflow")
+    config = hvdtrain_config("tensorflow", "default" if compiled else "none", threads)
     adapter = TensorFlowAdapter()
     adapter.init(config)
     model = keras_model(name, size)

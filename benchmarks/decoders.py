@@ -47,7 +47,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hvdtrain.data.transforms import SampleOp, TransformPolicy, random_resized_box, sample_rng  # noqa: E402
+import image_pipeline  # noqa: E402  (this folder is on sys.path when run as a script)
+from hvdtrain.data.transforms import SampleOp, TransformPolicy  # noqa: E402
 
 SIZE = 224
 POLICY = TransformPolicy("imagenet", SIZE)
@@ -58,17 +59,6 @@ def photo_files(root: Path, count: int) -> list[Path]:
     files = sorted((root / "train").glob("*/*.JPEG"))
     step = max(1, len(files) // count)
     return files[::step][:count]
-
-
-def crops(paths: list[Path], seed: int) -> list[tuple[int, int, int, int, bool]]:
-    """Each file's RandomResizedCrop box ``(left, top, w, h)`` and flip, from hvdtrain's transforms."""
-    out = []
-    for i, path in enumerate(paths):
-        with Image.open(path) as img:
-            w, h = img.size
-        rng = sample_rng(seed, 0, i)
-        out.append((*random_resized_box(rng, w, h, POLICY.scale, POLICY.ratio), bool(rng.random() < 0.5)))
-    return out
 
 
 def flip(a: np.ndarray, f: bool) -> np.ndarray:
@@ -205,9 +195,7 @@ def per_sample(fn):
 
 def tf_data(paths, boxes):
     """The ``tf.data`` reference: the same pipeline as benchmarks/image_pipeline.py's (one thread)."""
-    from image_pipeline import tf_pipeline  # this folder is on sys.path when run as a script
-
-    return tf_pipeline(paths, boxes)
+    return image_pipeline.tf_pipeline(paths, boxes)
 
 
 IMPORT_PROBE = ("import time; t = time.process_time(); {stmt}; s = time.process_time() - t; "
@@ -256,7 +244,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     paths = photo_files(Path(args.root), args.images)
-    boxes = crops(paths, seed=1)
+    boxes = image_pipeline.boxes(paths, seed=1)  # the same crops as the loader benchmark's
     blobs = [p.read_bytes() for p in paths]
     runs = contenders(args.skip_tf)
     if "tf.data" in runs:
