@@ -2,22 +2,26 @@
 ``parallel.shard_optimizer=optimizer`` (ZeRO-1) and ``=gradients`` (ZeRO-2).
 
 The model's trainable variables are laid out in flat buffers, one per group of variables the
-recipe's optimizer treats alike (same dtype, weight decay or not, the same learning-rate factor):
-the variables concatenated in order, zero-padded to a multiple of the world size ``N``
-(:class:`FlatGroup`). Rank ``r`` owns the ``r``-th ``1/N`` slice of every buffer in a shard
+recipe's optimizer treats alike (same dtype, weight decay or not, the same learning-rate factor),
+each cut into buckets of about :data:`BUCKET_ELEMENTS` at the variables' rows, each bucket
+zero-padded to a multiple of the world size ``N`` (:class:`FlatGroup`). Rank ``r`` owns the
+``r``-th ``1/N`` slice of every bucket, the slices of a group one after the other in a shard
 variable, and a Keras optimizer of the recipe optimizer's class and configuration is built over the
 shard variables only, so its slots (momentum, Adam's moments) are ``1/N`` of data parallelism's.
 One update, inside the adapter's ``tf.function`` step (graph ops only):
 
-1. :class:`ShardedExchange` (the run's gradient exchange) flattens the local gradients and either
-   averages them with one grouped allreduce and keeps this rank's slice (``optimizer``), or
-   reduce-scatters them so that only this rank's averaged slice ever exists (``gradients``);
+1. :class:`ShardedExchange` (the run's gradient exchange) flattens the local gradients a bucket at
+   a time and either averages each bucket with an allreduce and keeps this rank's slice
+   (``optimizer``), or reduce-scatters it so that only this rank's averaged slice ever exists
+   (``gradients``); a bucket's gradients are freed once its collective has them, so the step
+   never holds a second whole-model-sized gradient buffer (one whole-buffer collective did: ZeRO-2
+   then peaked above data parallelism);
 2. the adapter unscales (fp16 loss scaling), asks :meth:`ShardedOptimizer.global_norm` for the norm
    of the whole gradient (this rank's sum of squares, summed across ranks: one scalar allreduce, so
    the finite check and global-norm clipping agree on every rank), clips, and applies the shard
    optimizer to the shard variables;
-3. :meth:`ShardedOptimizer.gather` all-gathers the slices (one grouped allgather) and assigns the
-   whole model back on every rank.
+3. :meth:`ShardedOptimizer.gather` all-gathers the slices a bucket at a time (each bucket after
+   the previous one is assigned) and assigns the whole model back on every rank.
 
 The update is data parallelism's element by element, because the optimizers allowed
 (:data:`ELEMENTWISE`) update each element from its own gradient and state.
@@ -49,6 +53,7 @@ from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.exchange import Stateless
+from hvdtrain.tensorflow.compression import tf_variables
 
 #: Keras optimizers whose update of an element depends on that element's gradient and state only
 #: (hvdtrain's own SGD, Adam and AdamW derive from them).
@@ -67,34 +72,108 @@ def check_optimizer(optimizer: keras.optimizers.Optimizer, mode: str) -> None:
                           f"{', '.join(ELEMENTWISE)}, or parallel.shard_optimizer=none")
 
 
-class FlatGroup:
-    """Where each of ``variables`` lies in one flat buffer padded to a multiple of ``size``, and
-    which slice of it rank ``rank`` owns."""
+#: The flat buffers are cut into buckets of at most about this many elements (16 MiB of float32), at
+#: the first-dimension rows of the variables (a large variable spans buckets; a single row larger
+#: than a bucket is a bucket): each bucket is reduced and gathered by a collective of its own, so
+#: the step never holds a second whole-model-sized buffer (the concatenated gradients, Horovod's
+#: copy of what it reduces, the all-gathered parameters).
+BUCKET_ELEMENTS = 1 << 22
 
-    def __init__(self, variables: list[Any], size: int, rank: int) -> None:
+
+class Bucket:
+    """Consecutive rows of a group's variables: ``pieces`` ``(variable index, first row, end row,
+    elements)``, ``total`` elements padded to ``shard`` per rank, stored at ``offset`` of each
+    rank's shard."""
+
+    def __init__(self, pieces: list[tuple[int, int, int, int]], size: int, offset: int) -> None:
+        self.pieces = pieces
+        self.total = sum(n for *_, n in pieces)
+        self.shard = max(1, math.ceil(self.total / size))
+        self.offset = offset
+
+
+def _buckets(shapes: list[tuple[int, ...]], numels: list[int], size: int, limit: int) -> list[Bucket]:
+    """The variables' rows (in order) cut into buckets of at most ``limit`` elements."""
+    cuts: list[list[tuple[int, int, int, int]]] = [[]]
+    filled = 0
+    for index, (shape, numel) in enumerate(zip(shapes, numels)):
+        rows = shape[0] if shape else 1
+        row = numel // rows if rows else 0
+        first = 0
+        while row and first < rows:
+            take = min(rows - first, (limit - filled) // row)
+            if take <= 0 and cuts[-1]:
+                cuts.append([])
+                filled = 0
+                continue
+            take = max(take, 1)  # a row larger than a bucket is a bucket
+            cuts[-1].append((index, first, first + take, take * row))
+            filled += take * row
+            first += take
+    buckets, offset = [], 0
+    for pieces in cuts:
+        if pieces or not buckets:
+            buckets.append(Bucket(pieces, size, offset))
+            offset += buckets[-1].shard
+    return buckets
+
+
+class FlatGroup:
+    """Where each of ``variables`` lies in the flat buffers of its group, and which slice rank
+    ``rank`` owns: the variables' rows are cut into :class:`Bucket` s, each padded to a multiple of
+    ``size``; rank ``r`` owns the ``r``-th ``1/size`` of every bucket, and its shard is those slices
+    one after the other. The *whole buffer* is every rank's shard in rank order (rank-major: what an
+    all-gather or all-to-all of the shards gives), ``padded`` elements."""
+
+    def __init__(self, variables: list[Any], size: int, rank: int, bucket_elements: int | None = None) -> None:
         self.variables = variables
+        self.size = size
         self.dtype = tf.as_dtype(variables[0].dtype)
         self.shapes = [tuple(int(d) for d in v.shape) for v in variables]
         self.numels = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
         self.total = sum(self.numels)
-        self.shard = max(1, math.ceil(self.total / size))
+        self.buckets = _buckets(self.shapes, self.numels, size, bucket_elements or BUCKET_ELEMENTS)
+        self.shard = sum(b.shard for b in self.buckets)
         self.padded = self.shard * size
         self.start = rank * self.shard
 
-    def flatten(self, tensors: list[Any]) -> Any:
-        """The tensors (None: zeros) flattened, concatenated and zero-padded (graph ops)."""
-        pieces = [tf.reshape(tf.cast(tf.convert_to_tensor(t), self.dtype), [-1]) if t is not None
-                  else tf.zeros([n], self.dtype) for t, n in zip(tensors, self.numels)]
-        if self.padded > self.total:
-            pieces.append(tf.zeros([self.padded - self.total], self.dtype))
-        return tf.concat(pieces, axis=0)
+    def bucket_flat(self, bucket: Bucket, tensors: list[Any]) -> Any:
+        """The bucket's rows of ``tensors`` (None: zeros) flattened, concatenated and zero-padded to
+        ``size * bucket.shard`` (graph ops): what the bucket's collective reduces."""
+        pieces = []
+        for index, first, end, n in bucket.pieces:
+            tensor = tensors[index]
+            if tensor is None:
+                pieces.append(tf.zeros([n], self.dtype))
+                continue
+            tensor = tf.convert_to_tensor(tensor)
+            whole = first == 0 and end == (self.shapes[index][0] if self.shapes[index] else 1)
+            pieces.append(tf.reshape(tf.cast(tensor if whole else tensor[first:end], self.dtype), [-1]))
+        if self.size * bucket.shard > bucket.total:
+            pieces.append(tf.zeros([self.size * bucket.shard - bucket.total], self.dtype))
+        return tf.concat(pieces, axis=0) if len(pieces) > 1 else pieces[0]
 
-    def split(self, flat: Any) -> list[Any]:
-        """A whole buffer cut back into tensors shaped like the variables (the padding split off
-        with them: no copy of the whole buffer first)."""
-        sizes = self.numels + ([self.padded - self.total] if self.padded > self.total else [])
-        pieces = tf.split(flat, sizes)
-        return [tf.reshape(p, s) for p, s in zip(pieces, self.shapes)]
+    def assign_bucket(self, bucket: Bucket, flat: Any) -> list[Any]:
+        """Assign a bucket's flat values (``bucket_flat``'s layout) to its rows of the variables;
+        the assign ops (graph ops)."""
+        ops, offset = [], 0
+        for index, first, end, n in bucket.pieces:
+            variable = tf_variables([self.variables[index]])[0]  # sliced assignment needs the tf.Variable
+            value = flat[offset:offset + n]
+            offset += n
+            shape = self.shapes[index]
+            if first == 0 and end == (shape[0] if shape else 1):
+                ops.append(variable.assign(tf.reshape(value, shape), read_value=False))
+            else:
+                ops.append(tf.raw_ops.ResourceStridedSliceAssign(  # variable[first:end] = value
+                    ref=variable.handle, begin=[first], end=[end], strides=[1],
+                    value=tf.reshape(value, (end - first, *shape[1:]))))
+        return ops
+
+    def flatten(self, tensors: list[Any]) -> Any:
+        """The whole buffer of ``tensors`` (None: zeros) in rank-major order (graph ops)."""
+        rows = [tf.reshape(self.bucket_flat(b, tensors), [self.size, b.shard]) for b in self.buckets]
+        return tf.reshape(tf.concat(rows, axis=1), [-1])
 
     def mine(self, flat: Any) -> Any:
         """This rank's slice of a whole buffer."""
@@ -103,18 +182,27 @@ class FlatGroup:
     def flatten_host(self, arrays: list[np.ndarray | None]) -> np.ndarray:
         """:meth:`flatten` for NumPy arrays (None: zeros)."""
         dtype = self.dtype.as_numpy_dtype
-        flat = np.zeros(self.padded, dtype=dtype)
-        offset = 0
-        for array, n in zip(arrays, self.numels):
-            if array is not None:
-                flat[offset:offset + n] = np.asarray(array, dtype=dtype).reshape(-1)
-            offset += n
-        return flat
+        rows = np.zeros((self.size, self.shard), dtype=dtype)
+        for bucket in self.buckets:
+            flat, offset = np.zeros(self.size * bucket.shard, dtype=dtype), 0
+            for index, first, end, n in bucket.pieces:
+                if arrays[index] is not None:
+                    array = np.asarray(arrays[index], dtype=dtype).reshape(self.shapes[index] or (1,))
+                    flat[offset:offset + n] = array[first:end].reshape(-1)
+                offset += n
+            rows[:, bucket.offset:bucket.offset + bucket.shard] = flat.reshape(self.size, bucket.shard)
+        return rows.reshape(-1)
 
     def split_host(self, flat: np.ndarray) -> list[np.ndarray]:
-        """:meth:`split` for a NumPy array."""
-        bounds = np.cumsum([0, *self.numels])
-        return [flat[a:b].reshape(s) for a, b, s in zip(bounds[:-1], bounds[1:], self.shapes)]
+        """The variables' values from a whole buffer (NumPy, rank-major)."""
+        rows = np.asarray(flat).reshape(self.size, self.shard)
+        out = [np.zeros(s or (1,), dtype=rows.dtype) for s in self.shapes]
+        for bucket in self.buckets:
+            natural, offset = rows[:, bucket.offset:bucket.offset + bucket.shard].reshape(-1), 0
+            for index, first, end, n in bucket.pieces:
+                out[index][first:end] = natural[offset:offset + n].reshape(end - first, *out[index].shape[1:])
+                offset += n
+        return [o.reshape(s) for o, s in zip(out, self.shapes)]
 
 
 class _StandIn:
@@ -236,13 +324,18 @@ class ShardedOptimizer:
         self.inner.apply_gradients(zip(shard_grads, self.shards))
 
     def gather(self) -> None:
-        """All-gather the updated slices and assign the whole model on every rank (a collective)."""
-        values = [tf.convert_to_tensor(s) for s in self.shards]
-        if self.size > 1:
-            values = hvd.grouped_allgather(values, name="hvdtrain.zero.params")  # distributed
-        for group, flat in zip(self.groups, values):
-            for variable, value in zip(group.variables, group.split(flat)):
-                variable.assign(value)
+        """All-gather the updated slices and assign the whole model on every rank, a bucket at a
+        time (a collective each; each waits for the previous bucket's assignments, so one bucket's
+        gathered values exist at a time)."""
+        previous: list[Any] = []
+        for g, (group, shard) in enumerate(zip(self.groups, self.shards)):
+            value = tf.convert_to_tensor(shard)
+            for b, bucket in enumerate(group.buckets):
+                with tf.control_dependencies(previous):
+                    mine = tf.identity(value[bucket.offset:bucket.offset + bucket.shard])
+                whole = mine if self.size == 1 else hvd.allgather(  # distributed
+                    mine, name=f"hvdtrain.zero.params.{g}.{b}")
+                previous = group.assign_bucket(bucket, whole)
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate the schedule set: into the shard optimizer (and the recipe's, saved)."""
@@ -334,32 +427,36 @@ class ShardedOptimizer:
 
 
 class ShardedExchange(Stateless):
-    """The sharded optimizer's gradient exchange: the flat gradient buffers averaged with one grouped
-    allreduce of which this rank keeps its slice (``optimizer``, ZeRO-1), or reduce-scattered
-    (``gradients``, ZeRO-2); optional float16 on the wire. Returns this rank's averaged slices."""
+    """The sharded optimizer's gradient exchange: each bucket of the flat gradient buffers averaged
+    with an allreduce of which this rank keeps its slice (``optimizer``, ZeRO-1), or
+    reduce-scattered (``gradients``, ZeRO-2); optional float16 on the wire. Returns this rank's
+    averaged slice of each group's buffer."""
 
     def __init__(self, sharded: ShardedOptimizer, variables: list[Any], compression: Any) -> None:
         self.sharded, self.compression = sharded, compression
         self.position = {id(v): i for i, v in enumerate(variables)}  # the order of the gradients reduce() gets
 
     def reduce(self, grads: list[Any]) -> list[Any]:
-        """This rank's slice of every averaged flat buffer (a collective; graph ops)."""
+        """This rank's slice of every averaged flat buffer, a bucket at a time (a collective each:
+        each bucket's gradients can be freed once its slice exists; graph ops)."""
         sharded = self.sharded
-        flats = [g.flatten([grads[self.position[id(v)]] for v in g.variables]) for g in sharded.groups]
-        if sharded.size == 1:
-            return flats
         fp16 = self.compression is hvd.Compression.fp16
-        wire = [tf.cast(f, tf.float16) for f in flats] if fp16 else flats
-        out: list[Any] = [None] * len(wire)
-        for dtype in sorted({w.dtype.name for w in wire}):  # Horovod groups one dtype per call
-            which = [i for i, w in enumerate(wire) if w.dtype.name == dtype]
-            tensors = [wire[i] for i in which]
-            if sharded.mode == "gradients":
-                reduced = hvd.grouped_reducescatter(tensors, op=hvd.Average)  # distributed
-            else:
-                reduced = hvd.grouped_allreduce(tensors, op=hvd.Average,  # distributed
-                                                name=f"hvdtrain.zero.grads.{dtype}")
-                reduced = [sharded.groups[i].mine(r) for i, r in zip(which, reduced)]
-            for i, r in zip(which, reduced):
-                out[i] = r
-        return [tf.cast(r, g.dtype) for r, g in zip(out, sharded.groups)] if fp16 else out
+        grads = [tf.convert_to_tensor(g) if g is not None else None for g in grads]  # sparse: dense once
+        out = []
+        for g, group in enumerate(sharded.groups):
+            tensors = [grads[self.position[id(v)]] for v in group.variables]
+            mine = []
+            for b, bucket in enumerate(group.buckets):
+                flat = group.bucket_flat(bucket, tensors)
+                if sharded.size > 1:
+                    wire = tf.cast(flat, tf.float16) if fp16 else flat
+                    name = f"hvdtrain.zero.grads.{g}.{b}"
+                    if sharded.mode == "gradients":
+                        flat = hvd.reducescatter(wire, op=hvd.Average, name=name)  # distributed
+                    else:
+                        whole = hvd.allreduce(wire, op=hvd.Average, name=name)  # distributed
+                        flat = whole[sharded.rank * bucket.shard:(sharded.rank + 1) * bucket.shard]
+                    flat = tf.cast(flat, group.dtype) if fp16 else flat
+                mine.append(flat)
+            out.append(tf.concat(mine, axis=0) if len(mine) > 1 else mine[0])
+        return out

@@ -2,8 +2,8 @@
 
 ``python sharded_updates_tf.py REPORT [EARLIER_REPORT]``: for SGD (momentum, coupled weight
 decay), Adam and AdamW (decoupled decay; also with two micro-batches per update and float16 on the
-wire), a two-layer Keras model whose buffers (kernels with decay, biases without) do not divide by
-the world size is trained through the TensorFlow adapter for three updates (a different LR each,
+wire), a two-layer Keras model whose buffers (kernels with decay, biases without; in buckets of 16
+elements, a kernel cut at its rows) do not divide by the world size is trained through the TensorFlow adapter for three updates (a different LR each,
 global-norm clipping on, each rank its own slice of the global batch), with
 ``parallel.shard_optimizer`` none, optimizer and gradients, from the same weights. Each run's
 checkpoint (``gather_state`` on every rank, ``save_state`` on rank 0: real files beside REPORT) is
@@ -25,6 +25,10 @@ from hvdtrain import ArrayDataset, TrainTask, load_config
 REPORT = Path(sys.argv[1])
 EARLIER = json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else None
 FEATURES, HIDDEN, CLASSES, PER_RANK = 7, 5, 3, 4
+# buckets of at most 16 elements: the 7x5 kernel is cut at its rows into three buckets, the last
+# shared with the 5x3 kernel's first rows (kernels 15, 15, 14, 6; biases 8), so each update runs
+# five reduce-scatters (or allreduces) and five all-gathers
+BUCKET_ELEMENTS = 16
 LRS = [0.1, 0.3, 0.05, 0.2]
 MODES = ("none", "optimizer", "gradients")
 OPTIMIZERS = {"sgd": ["optim.name=sgd", "optim.momentum=0.9", "optim.weight_decay=0.01"],
@@ -47,8 +51,10 @@ def main():
     import keras
     import tensorflow as tf
 
-    from hvdtrain.tensorflow import TensorFlowAdapter, build_optimizer, low_rank_variables
+    from hvdtrain.tensorflow import TensorFlowAdapter, build_optimizer, low_rank_variables, sharded
     from hvdtrain.tensorflow.adapter import OPTIMIZER_FILE, canonical_paths
+
+    sharded.BUCKET_ELEMENTS = BUCKET_ELEMENTS
 
     adapter = TensorFlowAdapter()
     ctx = adapter.init(load_config(overrides=["train.seed=0", "train.threads=1"]))
