@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.core import quick_exit
 from hvdtrain.core.config import FRAMEWORKS
 from hvdtrain.core.slurm import check_world_size
 
@@ -273,7 +272,6 @@ def load_adapter(framework: str, pipeline_stages: int = 1) -> FrameworkAdapter:
     if framework not in _ADAPTERS:
         raise ValueError(f"framework {framework!r} is not supported; choose one of: {', '.join(FRAMEWORKS)}")
     module_name, class_name, extra = _ADAPTERS[framework]
-    quick_exit.install()  # before the framework: runs after its atexit handlers, shortens the teardown
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
