@@ -13,7 +13,7 @@
 * in TensorFlow the replicas of a stage draw different dropout masks, and a checkpoint restores
   every replica's stream;
 * refused combinations stop before training and name the reason (those the config alone decides
-  before any worker starts).
+  before any worker starts; fewer blocks than stages in-process, on the recipe's model).
 """
 
 import json
@@ -99,12 +99,12 @@ def test_kill_and_resume_is_bitwise_equal_and_checkpoints_round_trip_to_data_par
     assert rows[3]["train_loss"] < rows[0]["train_loss"], rows
 
 
-# what needs the job (its world size, the built model) is refused by every rank of a real job;
-# what the config alone decides is refused by the same CLI before any launcher or framework starts
+# what needs the job (its world size) is refused by every rank of a real job; what the built model
+# decides (fewer blocks than stages) by the cut every rank makes, in-process below on the recipe's
+# real model; what the config alone decides by the same CLI before any launcher or framework starts
 # (workers, options, reason): each job as small as its refusal allows (a worker costs its start-up)
 REFUSED_BY_THE_JOB = [
     (2, ["--set", "parallel.pipeline_stages=3"], "parallel.pipeline_stages=3 does not divide the world size 2"),
-    (3, ["--set", "parallel.pipeline_stages=3"], "the model has only 2 blocks, fewer than the 3 stages"),
     (4, ["--set", "parallel.pipeline_stages=2", "--set", "comm.compression=powersgd"],
      "parallel.pipeline_stages=2 cannot be combined with comm.compression=powersgd"),
 ]
@@ -124,10 +124,30 @@ def assert_refused(proc, out, reason):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("np_,extra,reason", REFUSED_BY_THE_JOB, ids=["world-size", "too-few-blocks", "powersgd"])
+@pytest.mark.parametrize("np_,extra,reason", REFUSED_BY_THE_JOB, ids=["world-size", "powersgd"])
 def test_refused_combinations_name_the_reason(tmp_path, np_, extra, reason):
     out = tmp_path / "run"
     assert_refused(horovodrun(recipe(out, "--epochs", "1", *extra), np=np_, check=False, timeout=180), out, reason)
+
+
+def test_fewer_blocks_than_stages_is_refused_by_the_cut_of_the_recipes_model():
+    """The refusal a 3-rank job with parallel.pipeline_stages=3 met on every rank (the image
+    recipe's small_cnn has 2 blocks), made by the cut each rank's stage makes in ``prepare``
+    (hvdtrain.torch.stage: Cut.of), in-process on the same model and the CLI's config."""
+    from types import SimpleNamespace
+
+    import hvdtrain
+    from hvdtrain.core.config import ConfigError
+    from hvdtrain.core.gpipe import Cut
+    from recipes.image_classification.torch_models import build_model, pipeline_blocks
+
+    config = hvdtrain.load_config(hvdtrain.get_recipe("image-classification").defaults, recipe="image-classification",
+                                  framework="torch", overrides=["parallel.pipeline_stages=3"])
+    model = build_model("small_cnn", 1, (28, 28), 10)  # what model.name=auto builds at 28x28 (common.model_name)
+    task = SimpleNamespace(model=model, export=None, pipeline_blocks=lambda: pipeline_blocks(model))
+    with pytest.raises(ConfigError, match="the model has only 2 blocks, fewer than the 3 stages"):
+        Cut.of(task, config, 0, lambda block: sum(p.numel() for p in block.parameters()),
+               lambda block: block.state_dict(keep_vars=True).values())
 
 
 @pytest.mark.parametrize("extra,reason", REFUSED_BY_THE_CONFIG, ids=["elastic", "accumulation", "local-sgd"])
