@@ -129,7 +129,7 @@ class TorchAdapter(FrameworkAdapter):
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         # train.compile (hvdtrain.torch.compiled): the forward/backward compiled, the model itself saved
-        self.step_model = compiled.step_module(self.model, train_config.compile)
+        self.step_model = compiled.step_module(self.model, train_config.compile, self.device.type)
         self._compile_clock = FirstStepClock(compiled.describe(train_config.compile), hvd.rank())
 
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()

@@ -3,7 +3,8 @@
 
 For every gradient exchange (Horovod's allreduce, float16 on the wire with gradient accumulation,
 PowerSGD, local SGD, and in torch the sharded optimizer) three updates compiled and three eager
-from the same weights agree within float32 rounding (1e-6); the ranks hold identical parameters
+from the same weights agree within float32 rounding (1e-6) (torch's model has dropout: on CPU the
+compiled step draws the same masks as the eager one); the ranks hold identical parameters
 (local SGD: each rank agrees with its own eager run; the ranks differ between averagings, as
 eagerly). With the allreduce: in torch Horovod's gradient hooks start one allreduce per
 parameter during the compiled backward (comm.overlap=always), as they do eagerly; the BatchNorm

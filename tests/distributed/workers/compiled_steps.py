@@ -1,7 +1,7 @@
 """Worker for tests/distributed/test_compiled_steps.py: ``python compiled_steps.py FRAMEWORK REPORT DIR``
 under ``horovodrun -np 2``.
 
-A tiny model with BatchNorm (Dense/Linear 6 -> 16, BatchNorm, ReLU, 16 -> 3) is trained through the
+A tiny model with BatchNorm (Dense/Linear 6 -> 16, BatchNorm, ReLU, in torch dropout, 16 -> 3) is trained through the
 framework's adapter for three updates from the same weights (each rank its own slice of the
 global batch, SGD with momentum and weight decay, global-norm clipping on), once eagerly
 (``train.compile=none``) and once compiled (``train.compile=default``), for each gradient exchange:
@@ -23,6 +23,7 @@ from hvdtrain import ArrayDataset, TrainTask, load_config
 
 FRAMEWORK, REPORT, DIRECTORY = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 FEATURES, HIDDEN, CLASSES, PER_RANK = 6, 16, 3, 8
+DROPOUT = 0.25  # torch: on CPU the compiled step draws ATen's dropout masks (Inductor's fallback_random)
 LRS = [0.1, 0.3, 0.05, 0.2]
 COMMON = ["optim.name=sgd", "optim.momentum=0.9", "optim.weight_decay=0.01", "optim.grad_clip_norm=2.0",
           "train.threads=1", "train.seed=0"]
@@ -52,7 +53,12 @@ class Torch:
 
     def new_model(self):
         nn = self.torch.nn
-        return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.BatchNorm1d(HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+        return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.BatchNorm1d(HIDDEN), nn.ReLU(), nn.Dropout(DROPOUT),
+                             nn.Linear(HIDDEN, CLASSES))
+
+    def seed(self, step, rank):
+        """The same dropout masks for this update in every run (eager, compiled, resumed)."""
+        self.torch.manual_seed(1000 * step + rank)
 
     def task(self, config):
         import torch.nn.functional as F
@@ -123,6 +129,9 @@ class TensorFlow:
         with np.load(directory / "model_variables.npz") as saved:
             return canonical_paths([str(p) for p in saved["paths"]])
 
+    def seed(self, step, rank):
+        """No dropout in the TensorFlow model: nothing to seed."""
+
     def started_allreduces(self):
         return None  # the allreduce is a graph operation of the step, outside the XLA part
 
@@ -141,6 +150,7 @@ def main():
         per_rank = PER_RANK * adapter.accumulation  # micro-batches of PER_RANK: one shape, one compiled graph
         idx = np.arange(step * per_rank * ctx.size, (step + 1) * per_rank * ctx.size).reshape(ctx.size, per_rank)
         adapter.set_learning_rate(LRS[step])
+        side.seed(step, ctx.rank)
         micro = np.array_split(idx[ctx.rank], adapter.accumulation)
         for i, part in enumerate(micro):
             last = i == len(micro) - 1
