@@ -6,21 +6,29 @@ hand-written Horovod loop (same model, data, batch, seed) and, for torch with ``
 DistributedDataParallel over Gloo. The sides alternate step by step, so the machine's load hits
 them alike; each side's time is its own steps only (hvdtrain's step i is the time from the end
 of the callback after step i-1 to the end of step i: data, LR, hooks and logging included).
-Rounds alternate hvdtrain's comm.overlap between its default (``auto``) and ``always``.
+Rounds alternate hvdtrain's comm.overlap between its default (``auto``) and ``always``, or with
+``--vary KEY=A,B`` any other setting (each round records ``vary``: the ``KEY=VALUE`` in force).
 
     horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 10 --ddp
+    horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 10 --ddp \
+        --vary comm.flat_gradients=true,false     # flat gradient buffers against DistributedOptimizer
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import tempfile
 import time
 
 import common  # noqa: F401  (puts the repository on sys.path)
 import hvdtrain
 from common import BATCH, SKIP_STEPS, hvdtrain_overrides, mnist_arrays, register_memory_recipe
+
+
+#: Horovod's tuning variables a sweep sets around the job (recorded with the results).
+TUNING = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY", "HOROVOD_AUTOTUNE")
 
 
 class Interleave(hvdtrain.Callback):
@@ -50,7 +58,13 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="torch: also interleave DistributedDataParallel steps")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra hvdtrain config override (ablations, e.g. train.tensorboard=false)")
+    parser.add_argument("--vary", default="comm.overlap=auto,always", metavar="KEY=A,B",
+                        help="the hvdtrain setting rounds alternate between (A in even rounds, B in odd ones)")
     args = parser.parse_args()
+    vary_key, _, vary_values = args.vary.partition("=")
+    vary_values = vary_values.split(",")
+    if not vary_key or len(vary_values) != 2:
+        parser.error(f"--vary {args.vary!r}: expected KEY=A,B")
     torch_layout = args.framework == "torch"
     arrays = mnist_arrays(args.samples, channels_first=torch_layout)
     register_memory_recipe({args.framework: arrays})
@@ -69,21 +83,23 @@ def main() -> None:
     rounds = []
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as tmp:
         for r in range(args.rounds):
-            overlap = "auto" if r % 2 == 0 else "always"
-            overrides = hvdtrain_overrides(f"{tmp}/round{r}", **{"comm.overlap": overlap}) + args.set
+            value = vary_values[r % 2]
+            overlap = value if vary_key == "comm.overlap" else "auto"
+            overrides = hvdtrain_overrides(f"{tmp}/round{r}", **{"comm.overlap": overlap, vary_key: value}) + args.set
             config = hvdtrain.load_config(None, overrides=overrides,
                                           recipe=common.MEMORY_RECIPE, framework=args.framework)
             clock = Interleave(others)
             hvdtrain.train(config, callbacks=[clock])
             rates = {name: BATCH * len(t[SKIP_STEPS:]) / sum(t[SKIP_STEPS:]) for name, t in clock.times.items()}
             per_rank = hvd.allgather_object(rates)  # distributed
-            rounds.append({"overlap": overlap, **{k: sum(p[k] for p in per_rank) / len(per_rank) for k in rates}})
+            rounds.append({"overlap": overlap, "vary": f"{vary_key}={value}", **{k: sum(p[k] for p in per_rank) / len(per_rank) for k in rates}})
             if hvd.rank() == 0:
                 print(f"round {r}: " + ", ".join(f"{k} {v}" if isinstance(v, str) else f"{k} {v:.1f}"
                                                  for k, v in rounds[-1].items()), flush=True)
     if hvd.rank() == 0:
         common.write_json(args.out, {"framework": args.framework, "world_size": hvd.size(), "samples": args.samples,
-                                     "batch": BATCH, "skip_steps": SKIP_STEPS, "rounds": rounds})
+                                     "batch": BATCH, "skip_steps": SKIP_STEPS, "rounds": rounds,
+                                     "horovod_env": {k: os.environ[k] for k in TUNING if k in os.environ}})
 
 
 if __name__ == "__main__":

@@ -267,6 +267,10 @@ class CommConfig:
                       "'auto' (always on GPUs; never on CPUs whose cores the workers' intra-op threads already fill, "
                       "where the allreduce only competes with the backward pass for the same cores)",
                       choices=("auto", "always", "never"))
+    flat_gradients: bool = _f(True, "PyTorch data parallelism without overlap: keep the gradients in one flat buffer "
+                              "per dtype, averaged in place by one allreduce per update (no fusion-buffer copies); "
+                              "false: Horovod's DistributedOptimizer with one fused allreduce. Overlapped, Adasum, "
+                              "compressed and sharded runs keep their own exchange")
     fusion_threshold_mb: float | None = _f(None, "tensor-fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD): small "
                                            "gradients are packed into one allreduce up to this size; 0 turns "
                                            "fusion off; None keeps Horovod's 128", min=0.0, max=4096.0)

@@ -34,7 +34,12 @@ The exchanges, each in both frameworks (``hvdtrain/<framework>/compression.py``)
   ``stepping()``, the context around ``optimizer.step()``: Horovod's ``skip_synchronize()`` here,
   nothing for the others, whose optimizer is the recipe's own). In TensorFlow it is the function
   ``hvd.DistributedGradientTape`` applies to the tape's gradients, so the graph is the one the
-  tape builds (each allreduce runs as soon as its gradient exists). No state.
+  tape builds (each allreduce runs as soon as its gradient exists). No state. Without overlap
+  (``comm.overlap``) torch's data parallelism uses ``FlatAllreduce`` instead
+  (:mod:`hvdtrain.torch.flat_buffers`, ``comm.flat_gradients``, the default): every ``p.grad`` is
+  a view of one flat buffer per dtype, and ``reduce`` averages the buffers in place with one
+  allreduce (no fusion-buffer copies, one negotiation per update); the recipe's own optimizer is
+  stepped and ``after_update`` zeroes the buffers. Same updates, bitwise, at 2 ranks.
 * ``PowerSGD`` and ``TopK`` (error feedback; :mod:`hvdtrain.core.compression` describes them).
 * ``LocalSGD``: ``reduce`` returns the local gradients; ``after_update`` averages the model
   (and optionally the optimizer state) every ``comm.local_sgd_steps`` updates.

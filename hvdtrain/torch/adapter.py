@@ -36,7 +36,8 @@ from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch import compiled
 from hvdtrain.torch.compression import Allreduce, build_exchange
 from hvdtrain.torch.finetune import LR_FACTOR, BackboneControl, head_parameters
-from hvdtrain.torch.sharded import FlatAllreduce, FlatReduceScatter, ShardedOptimizer
+from hvdtrain.torch.flat_buffers import FlatAllreduce, GradBuffers, dtype_layouts
+from hvdtrain.torch.sharded import FlatReduceScatter, ShardedOptimizer, zero1_exchange
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -110,8 +111,15 @@ class TorchAdapter(FrameworkAdapter):
         if config.parallel.shard_optimizer != "none":  # ZeRO-1/2 (hvdtrain.torch.sharded; the rulebook allowed it)
             zero2 = config.parallel.shard_optimizer == "gradients"
             self.optimizer = ShardedOptimizer(optimizer, gradients=zero2)
-            self.exchange = (FlatReduceScatter if zero2 else FlatAllreduce)(self.optimizer, compression)
+            self.exchange = FlatReduceScatter(self.optimizer, compression) if zero2 else \
+                zero1_exchange(self.optimizer, compression)
             self.overlap = False  # the flat gradients are exchanged once per update
+        elif plan is None and not self.overlap and not self.adasum and config.comm.flat_gradients:
+            # the gradients live in one flat buffer per dtype, averaged in place once per update
+            # (hvdtrain.torch.flat_buffers: no fusion-buffer copies, one negotiation)
+            self.optimizer = optimizer
+            self.exchange = FlatAllreduce(GradBuffers(dtype_layouts(self.params, optimizer)), self.params, compression,
+                                          owns_zeroing=True)
         elif plan is None:
             self.optimizer = hvd.DistributedOptimizer(
                 optimizer, named_parameters=self.model.named_parameters(),

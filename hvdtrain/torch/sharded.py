@@ -3,11 +3,12 @@
 
 Each of the recipe optimizer's parameter groups is laid out as one flat buffer: its trainable
 parameters concatenated in order, zero-padded to a multiple of the world size ``N``
-(:class:`FlatLayout`). Rank ``r`` owns the ``r``-th ``1/N`` slice of every buffer and keeps the
+(:class:`~hvdtrain.torch.flat_buffers.FlatLayout`; the buffers are
+:class:`~hvdtrain.torch.flat_buffers.GradBuffers`, the same mechanism as data parallelism's). Rank ``r`` owns the ``r``-th ``1/N`` slice of every buffer and keeps the
 optimizer state of that slice only: a copy of the recipe's optimizer (same class, same
 hyperparameters per group) over one flat tensor per group. One update:
 
-1. :class:`FlatAllreduce` (the run's gradient exchange) averages the flat gradient buffers with one
+1. :class:`~hvdtrain.torch.flat_buffers.FlatAllreduce` (the run's gradient exchange) averages the flat gradient buffers with one
    grouped allreduce and leaves the averaged gradients in each ``p.grad``, so the adapter's finite
    check, global-norm clipping and loss-scaler unscaling see the same gradients as under data
    parallelism;
@@ -15,9 +16,10 @@ hyperparameters per group) over one flat tensor per group. One update:
    gradients, then one grouped allgather of the updated slices writes the whole model back on every
    rank.
 
-With ``gradients`` (ZeRO-2) :class:`FlatReduceScatter` replaces step 1: a reduce-scatter (op
-Average, in pieces whose copies inside Horovod stay small) leaves each rank the averaged gradient of its own slice only, as the
-shard's ``.grad``; the whole flat buffers are freed right after it and allocated again (zeroed) by
+With ``gradients`` (ZeRO-2) :class:`FlatReduceScatter` replaces step 1: it leaves each rank the
+averaged gradient of its own slice only, as the shard's ``.grad`` (on CPUs one in-place allreduce
+of the whole buffers, each rank keeping its slice; on GPUs a reduce-scatter in pieces whose copies
+inside Horovod stay small: see the class); the whole flat buffers are freed right after it and allocated again (zeroed) by
 :meth:`ShardedOptimizer.attach_grads` before the next backward pass. The adapter's update then works
 on the shards: :attr:`ShardedOptimizer.param_groups` are the shard optimizer's groups (the loss
 scaler unscales the shard, clipping scales it), the gradient norm is the global one
@@ -46,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 from typing import Any
 
 import horovod.torch as hvd
@@ -54,46 +55,15 @@ import torch
 
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.exchange import Stateless
+from hvdtrain.torch.flat_buffers import FlatAllreduce, FlatLayout, GradBuffers, allreduce_flats
+
+__all__ = ["FlatLayout", "FlatReduceScatter", "ShardedOptimizer", "check_optimizer", "zero1_exchange"]
 
 #: ZeRO-2 reduce-scatters the flat gradients in pieces of about this many elements (16 MiB of float32).
 SCATTER_ELEMENTS = 1 << 22
 
 #: Optimizers whose update of an element depends on that element's gradient and state only.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad")
-
-
-class FlatLayout:
-    """Where each of ``params`` lies in one flat buffer padded to a multiple of ``size``, and which
-    slice of it rank ``rank`` owns."""
-
-    def __init__(self, params: list[torch.Tensor], size: int, rank: int) -> None:
-        dtypes = {p.dtype for p in params}
-        if len(dtypes) > 1:
-            raise ConfigError(f"parallel.shard_optimizer: a parameter group holds tensors of several dtypes "
-                              f"({', '.join(sorted(str(d) for d in dtypes))}); put each dtype in its own group")
-        self.params = params
-        self.numels = [p.numel() for p in params]
-        self.total = sum(self.numels)
-        self.shard = max(1, math.ceil(self.total / size))
-        self.padded = self.shard * size
-        self.start = rank * self.shard
-
-    def flatten(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
-        """The tensors (None: zeros) concatenated and zero-padded to the buffer's length."""
-        like = self.params[0]
-        pieces = [t.reshape(-1) if t is not None else torch.zeros(n, dtype=like.dtype, device=like.device)
-                  for t, n in zip(tensors, self.numels)]
-        if self.padded > self.total:
-            pieces.append(torch.zeros(self.padded - self.total, dtype=like.dtype, device=like.device))
-        return torch.cat(pieces)
-
-    def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """``flat`` (a whole buffer) cut back into tensors shaped like the parameters."""
-        return [piece.view_as(p) for piece, p in zip(torch.split(flat[:self.total], self.numels), self.params)]
-
-    def mine(self, flat: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of a whole buffer."""
-        return flat[self.start:self.start + self.shard]
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer, mode: str = "optimizer") -> None:
@@ -132,8 +102,7 @@ class ShardedOptimizer:
         self.shards = shards
         # the gradients live in one flat buffer per group: each p.grad is a view of it, so the backward
         # pass accumulates into the buffer and the exchange averages it in place (no copies)
-        self.grad_flats: list[torch.Tensor | None] = [None] * len(self.layouts)
-        self.attach_grads()
+        self.grads = GradBuffers(self.layouts)
         accepted = inspect.signature(type(optimizer).__init__).parameters  # AdamW's defaults hold more
         self.inner = type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
         self._full: dict[str, Any] | None = None  # rank 0, between gather() and state_dict()
@@ -150,42 +119,32 @@ class ShardedOptimizer:
         """This rank's shard state (empty before the first update)."""
         return self.inner.state
 
-    @torch.no_grad()
+    @property
+    def grad_flats(self) -> list[torch.Tensor | None]:
+        """The flat gradient buffers, one per group (None while ZeRO-2 has freed them)."""
+        return self.grads.flats
+
     def attach_grads(self) -> None:
-        """Make every ``p.grad`` a view of its group's flat buffer again: allocate the buffer (zeros)
-        when ZeRO-2 freed it, and take over a gradient something replaced."""
-        for i, layout in enumerate(self.layouts):
-            if self.grad_flats[i] is None:
-                like = layout.params[0]
-                self.grad_flats[i] = torch.zeros(layout.padded, dtype=like.dtype, device=like.device)
-            for p, view in zip(layout.params, layout.split(self.grad_flats[i])):
-                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                    if p.grad is not None:
-                        view.copy_(p.grad)
-                    p.grad = view
+        """Make every ``p.grad`` a view of its group's flat buffer again (allocated, zeroed, when
+        ZeRO-2 freed it)."""
+        self.grads.attach()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffers (the gradients stay views of them); drop the shards'."""
-        for flat in self.grad_flats:
-            if flat is not None:
-                flat.zero_()
+        self.grads.zero()
         for shard in self.shards:
             shard.grad = None
 
-    @torch.no_grad()
     def free_grads(self) -> None:
         """ZeRO-2, after the reduce-scatter: drop the whole flat gradient buffers (and the
         parameters' views of them); :meth:`attach_grads` allocates them again."""
-        for layout in self.layouts:
-            for p in layout.params:
-                p.grad = None
-        self.grad_flats = [None] * len(self.layouts)
+        self.grads.free()
 
     def gradient_bytes(self) -> int:
         """Bytes of gradients this rank holds now: the whole flat buffers while allocated, and
         the shards' gradients."""
-        flats = sum(f.numel() * f.element_size() for f in self.grad_flats if f is not None)
-        return flats + sum(s.grad.numel() * s.grad.element_size() for s in self.shards if s.grad is not None)
+        return self.grads.nbytes() + sum(s.grad.numel() * s.grad.element_size()
+                                         for s in self.shards if s.grad is not None)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -289,39 +248,33 @@ class ShardedOptimizer:
             self.inner.state[shard] = entry
 
 
-class FlatAllreduce(Stateless):
+def zero1_exchange(optimizer: "ShardedOptimizer", compression: Any) -> FlatAllreduce:
     """ZeRO-1's gradient exchange: each parameter group's gradients averaged as one flat buffer (one
     grouped allreduce per update, in place, optional float16 on the wire)."""
+    return FlatAllreduce(optimizer.grads, optimizer.grads.params, compression)
 
-    def __init__(self, optimizer: ShardedOptimizer, compression: Any) -> None:
+
+class FlatReduceScatter(Stateless):
+    """ZeRO-2's gradient exchange: each rank keeps the averaged gradient of its own slice of every
+    parameter group's flat buffer (op Average, optional float16 on the wire); the whole buffers are
+    freed.
+
+    How the slices are averaged depends on the device (``by_allreduce``, None: by device). On GPUs a
+    reduce-scatter (NCCL's moves half an allreduce's bytes), in pieces of :data:`SCATTER_ELEMENTS`.
+    On CPUs one in-place allreduce of the whole buffers, each rank then keeping its slice: Horovod's
+    Gloo reduce-scatter took 2.5x the CPU time of its allreduce of the same buffer
+    (benchmarks/workers/zero2_collectives.py), and the allreduce needs no piece copies; the memory
+    held outside the exchange is the same 1/N."""
+
+    #: True: allreduce and keep the slice; False: reduce-scatter; None: allreduce on CPUs only.
+    by_allreduce: bool | None = None
+
+    def __init__(self, optimizer: "ShardedOptimizer", compression: Any) -> None:
         self.optimizer, self.compression = optimizer, compression
-
-    @torch.no_grad()
-    def reduce(self, grads: list[Any]) -> list[Any]:
-        """Average every rank's gradients in their flat buffers (a collective, in place: each ``p.grad``
-        is a view of one). One process has nothing to average (nor does Horovod's
-        ``DistributedOptimizer`` then). Float16 on the wire as Horovod's ``Compression.fp16`` does it:
-        cast, averaged in float16, cast back."""
-        optimizer = self.optimizer
-        optimizer.attach_grads()
-        if optimizer.size > 1:
-            flats = optimizer.grad_flats
-            wire = [f.to(torch.float16) for f in flats] if self.compression is hvd.Compression.fp16 else flats
-            hvd.grouped_allreduce_(wire, op=hvd.Average, name="hvdtrain.zero.grads")  # distributed
-            if wire is not flats:
-                for flat, sent in zip(flats, wire):
-                    flat.copy_(sent)
-        return [p.grad for layout in optimizer.layouts for p in layout.params]
 
     def stepping(self) -> Any:
         """Nothing around ``optimizer.step()``: the sharded optimizer is stepped directly."""
         return contextlib.nullcontext()
-
-
-class FlatReduceScatter(FlatAllreduce):
-    """ZeRO-2's gradient exchange: each parameter group's flat gradients reduce-scattered (op Average,
-    optional float16 on the wire) in pieces of :data:`SCATTER_ELEMENTS`, so each rank holds the
-    averaged gradient of its own slice only; the whole buffers are freed."""
 
     @torch.no_grad()
     def reduce(self, grads: list[Any]) -> list[Any]:
@@ -329,9 +282,12 @@ class FlatReduceScatter(FlatAllreduce):
         those shard gradients (what the adapter unscales, checks, clips and applies)."""
         optimizer = self.optimizer
         optimizer.attach_grads()
-        if optimizer.size > 1:
-            mine = [self._scatter(i, layout, flat)
-                    for i, (layout, flat) in enumerate(zip(optimizer.layouts, optimizer.grad_flats))]
+        flats = optimizer.grad_flats
+        by_allreduce = self.by_allreduce if self.by_allreduce is not None else not flats[0].is_cuda
+        if optimizer.size > 1 and by_allreduce:
+            allreduce_flats(flats, self.compression, "hvdtrain.zero.grads")  # distributed
+        if optimizer.size > 1 and not by_allreduce:
+            mine = [self._scatter(i, layout, flat) for i, (layout, flat) in enumerate(zip(optimizer.layouts, flats))]
         else:
             mine = [layout.mine(flat).clone() for layout, flat in zip(optimizer.layouts, optimizer.grad_flats)]
         optimizer.free_grads()
