@@ -6,7 +6,10 @@ ranks, once per mode (none, optimizer, gradients; rounds alternate the order), e
 ``horovodrun`` job that appends one JSON line per run to OUT: per rank the bytes of parameters,
 of the gradients the exchange leaves for the update (data parallelism and ``optimizer``: the whole
 averaged gradient; ``gradients``: this rank's slice), of optimizer state (the slots), peak resident
-memory (``ru_maxrss``) and peak virtual size (``VmPeak``)::
+memory of the whole process (``ru_maxrss``: loading the pretrained weights may set it) and of
+training alone (``VmHWM`` reset when training starts, the model and optimizer state built), the
+resident memory then, peak virtual size (``VmPeak``), samples/s and CPU-seconds per step after the
+3rd step; ``summary OUT`` prints them per round with the ratios to data parallelism::
 
     python benchmarks/sharded_memory_tf.py measure runs/sharded_tf.jsonl --np 2
 
@@ -41,12 +44,17 @@ COMMON = ["data.max_val_samples=16", "train.epochs=1", "train.log_every=0", "che
           "train.tensorboard=false", "train.progress_bar=false", "train.threads=1", "text.max_length=64"]
 
 
-def vm_peak_kib() -> int:
-    """This process's peak virtual size (what ``prlimit --as`` limits)."""
+def status_kib(field: str) -> int:
+    """A field of ``/proc/self/status`` in KiB (``VmPeak``, ``VmRSS``, ``VmHWM``...)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmPeak:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return -1
+
+
+def vm_peak_kib() -> int:
+    """This process's peak virtual size (what ``prlimit --as`` limits)."""
+    return status_kib("VmPeak")
 
 
 def nbytes(variables) -> int:
@@ -56,16 +64,39 @@ def nbytes(variables) -> int:
     return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in variables)
 
 
+def cpu_seconds() -> float:
+    """This process's user + system CPU time (what other jobs' load does not inflate)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def worker(out: str, label: str, overrides: list[str]) -> None:
     """One training run of the BERT recipe (TensorFlow) in this Horovod job; rank 0 appends the line."""
     import horovod.tensorflow as hvd
 
     import hvdtrain
+    from hvdtrain.core.callbacks import Callback
+
+    class StepClock(Callback):
+        """Wall time and this process's CPU time at the end of every step; at the start of training
+        (the model and the optimizer state built) the resident memory, and the peak reset to it."""
+
+        def __init__(self) -> None:
+            self.times: list[tuple[float, float]] = []
+            self.rss_at_start_kib = -1
+
+        def on_train_begin(self, ctx, info) -> None:
+            self.rss_at_start_kib = status_kib("VmRSS")
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux: reset the peak RSS)
+
+        def on_step_end(self, epoch, step, logs) -> None:
+            self.times.append((time.perf_counter(), cpu_seconds()))
 
     recipe = hvdtrain.get_recipe("bert-finetune")
     config = hvdtrain.load_config(recipe.defaults, overrides=overrides, recipe="bert-finetune",
                                   framework="tensorflow")
-    trainer = hvdtrain.Trainer(config)
+    clock = StepClock()
+    trainer = hvdtrain.Trainer(config, callbacks=[clock])
     started = time.perf_counter()
     result = trainer.fit()
     adapter = trainer.adapter
@@ -77,12 +108,19 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
         optimizer = adapter.sharded.state_bytes()
         whole = sum(g.padded * g.dtype.size for g in adapter.sharded.groups)
         grads = whole if adapter.sharded.mode == "optimizer" else whole // adapter.sharded.size
+    steps = len(clock.times)  # after the 3rd step (the first ones trace the step): this rank's CPU time
+    cpu_per_step = (clock.times[-1][1] - clock.times[2][1]) / (steps - 3) if steps > 3 else None
     mine = {"rank": hvd.rank(), "param_bytes": params, "grad_bytes": grads, "optimizer_bytes": optimizer,
-            "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "vm_peak_kib": vm_peak_kib()}
+            "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "vm_peak_kib": vm_peak_kib(),
+            "cpu_sec_per_step": cpu_per_step, "rss_at_train_start_kib": clock.rss_at_start_kib,
+            "train_peak_rss_kib": status_kib("VmHWM")}
     everyone = hvd.allgather_object(mine)  # distributed
     if hvd.rank() == 0:
+        global_batch = config.train.batch_size * hvd.size()
+        rate = (steps - 3) * global_batch / (clock.times[-1][0] - clock.times[2][0]) if steps > 3 else None
         row = {"label": label, "overrides": overrides, "world_size": hvd.size(), "ranks": everyone,
-               "fit_sec": time.perf_counter() - started, "val_accuracy": result.final.get("val_accuracy")}
+               "fit_sec": time.perf_counter() - started, "val_accuracy": result.final.get("val_accuracy"),
+               "steps": steps, "samples_per_sec": rate}
         with open(out, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps({k: v for k, v in row.items() if k != "ranks"}))
@@ -108,11 +146,12 @@ def _overrides(args: argparse.Namespace, mode: str, output: Path) -> list[str]:
 
 def measure(args: argparse.Namespace) -> None:
     """Every mode, ``args.rounds`` times, the order alternating."""
+    modes = tuple(args.modes.split(","))
     for round_ in range(args.rounds):
-        for mode in MODES if round_ % 2 == 0 else MODES[::-1]:
+        for mode in modes if round_ % 2 == 0 else modes[::-1]:
             output = Path(args.work) / f"measure-{mode}"
             shutil.rmtree(output, ignore_errors=True)
-            job = launch(Path(args.out), f"{mode}-np{args.np}", _overrides(args, mode, output), args.np)
+            job = launch(Path(args.out), f"{mode}-np{args.np}-r{round_ + 1}", _overrides(args, mode, output), args.np)
             if job.returncode:
                 sys.exit(f"{mode}: the job failed ({job.returncode}):\n{job.stdout[-3000:]}\n{job.stderr[-3000:]}")
 
@@ -179,15 +218,44 @@ def fit(args: argparse.Namespace) -> None:
     print(json.dumps(result, indent=1))
 
 
+def summary(args: argparse.Namespace) -> None:
+    """Per round: each mode's samples/s (after the 3rd step) and its ratio to data parallelism's in
+    the same round, CPU-seconds per step (mean over ranks) and the ratio, peak RSS per rank (MiB)."""
+    rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+    rounds: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        mode, _, rest = row["label"].partition("-np")  # none-np2-r1: mode none, round r1
+        rounds.setdefault(rest.partition("-")[2] or "r1", {})[mode] = row
+    for round_, modes in rounds.items():
+        base = modes.get("none")
+        for mode, row in modes.items():
+            cpu = [r["cpu_sec_per_step"] for r in row["ranks"] if r.get("cpu_sec_per_step") is not None]
+            cpu_mean = sum(cpu) / len(cpu) if cpu else None
+            line = {"round": round_, "mode": mode, "samples_per_sec": row.get("samples_per_sec"),
+                    "cpu_sec_per_step": cpu_mean,
+                    "peak_rss_mib": [round(r["peak_rss_kib"] / 1024) for r in row["ranks"]],
+                    "train_peak_rss_mib": [round(r.get("train_peak_rss_kib", 0) / 1024) for r in row["ranks"]],
+                    "rss_at_train_start_mib": [round(r.get("rss_at_train_start_kib", 0) / 1024) for r in row["ranks"]],
+                    "grad_mib": row["ranks"][0]["grad_bytes"] / 2**20,
+                    "optimizer_mib": row["ranks"][0]["optimizer_bytes"] / 2**20}
+            if base is not None and row.get("samples_per_sec") and base.get("samples_per_sec"):
+                line["rate_of_none"] = row["samples_per_sec"] / base["samples_per_sec"]
+                base_cpu = [r["cpu_sec_per_step"] for r in base["ranks"] if r.get("cpu_sec_per_step")]
+                if cpu_mean and base_cpu:
+                    line["cpu_of_none"] = cpu_mean / (sum(base_cpu) / len(base_cpu))
+            print(json.dumps(line))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["worker"]:
         worker(sys.argv[2], sys.argv[3], sys.argv[4:])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("measure", "fit"))
+    parser.add_argument("what", choices=("measure", "fit", "summary"))
     parser.add_argument("out", help="JSON lines file the results are appended to")
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--modes", default=",".join(MODES), help="measure: these modes, comma-separated")
     parser.add_argument("--model", default=None, help="model folder (measure: the embedded MiniLM by default)")
     parser.add_argument("--samples", type=int, default=64, help="training samples (steps = samples / np / batch)")
     parser.add_argument("--batch", type=int, default=8)
@@ -196,7 +264,7 @@ def main() -> None:
     parser.add_argument("--work", default="runs/sharded_memory_tf", help="scratch folder for outputs and the model")
     args = parser.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    (measure if args.what == "measure" else fit)(args)
+    {"measure": measure, "fit": fit, "summary": summary}[args.what](args)
 
 
 if __name__ == "__main__":
