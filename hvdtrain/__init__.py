@@ -17,24 +17,39 @@ from hvdtrain.tools import tf_logging
 
 tf_logging.install()  # before anything can import TensorFlow: quiet start-up, the user's TF_CPP_MIN_LOG_LEVEL wins
 
-from hvdtrain._version import __version__  # noqa: E402
+from hvdtrain._version import __version__  # noqa: E402,F401  (hvdtrain.__version__)
 
-from hvdtrain.core.callbacks import Callback
-from hvdtrain.core.adapter import DistContext, FrameworkAdapter, FrameworkMissingError, load_adapter
-from hvdtrain.core.checkpoint import CheckpointError, CheckpointManager
-from hvdtrain.core.config import (CheckpointConfig, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig,
-                                  TrainConfig, option)
-from hvdtrain.core.resolve import load_config
-from hvdtrain.core.loop import RunResult, Trainer, TrainingError, train
-from hvdtrain.core.registry import (RecipeError, define_recipe, get_recipe, list_recipes, register_recipe,
-                                    unregister_recipe)
-from hvdtrain.core.task import ArrayDataset, TrainTask, accuracy_from_sums
-from hvdtrain.api import WorkerError, run  # noqa: E402  (after the core it builds on)
+import importlib  # noqa: E402
 
-__all__ = [
-    "ArrayDataset", "Callback", "CheckpointConfig", "CheckpointError", "CheckpointManager", "ConfigError", "DataConfig",
-    "DistContext", "FrameworkAdapter", "FrameworkMissingError", "ModelConfig", "OptimConfig", "RecipeError",
-    "RunConfig", "RunResult", "WorkerError", "TrainConfig", "TrainTask", "Trainer", "TrainingError", "accuracy_from_sums",
-    "define_recipe", "get_recipe", "list_recipes", "load_adapter", "load_config", "option", "register_recipe", "run", "train",
-    "unregister_recipe",
-]
+# the public names and the modules that define them, imported on first use (PEP 562): a process
+# that needs only part of the package (a data decoding worker imports hvdtrain.data) does not pay
+# for the trainer, the launcher and YAML at start-up
+_EXPORTS = {
+    "hvdtrain.core.callbacks": ["Callback"],
+    "hvdtrain.core.adapter": ["DistContext", "FrameworkAdapter", "FrameworkMissingError", "load_adapter"],
+    "hvdtrain.core.checkpoint": ["CheckpointError", "CheckpointManager"],
+    "hvdtrain.core.config": ["CheckpointConfig", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "RunConfig",
+                             "TrainConfig", "option"],
+    "hvdtrain.core.resolve": ["load_config"],
+    "hvdtrain.core.loop": ["RunResult", "Trainer", "TrainingError", "train"],
+    "hvdtrain.core.registry": ["RecipeError", "define_recipe", "get_recipe", "list_recipes", "register_recipe",
+                               "unregister_recipe"],
+    "hvdtrain.core.task": ["ArrayDataset", "TrainTask", "accuracy_from_sums"],
+    "hvdtrain.api": ["WorkerError", "run"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    """A public name, imported from its module on first use (then an ordinary attribute)."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(module), name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
+

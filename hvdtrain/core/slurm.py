@@ -33,8 +33,6 @@ import shutil
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -334,6 +332,9 @@ def start_rendezvous(step: SlurmStep) -> Any:
 def wait_rendezvous(step: SlurmStep, address: str, environ: Mapping[str, str] | None = None) -> None:
     """Every task but 0: until task 0's server answers with this step's tag (a server of another
     job on the port is an error naming it; none within the timeout, one naming the node)."""
+    import urllib.error  # here: every process imports this module, only Slurm tasks but 0 ask
+    import urllib.request
+
     env = os.environ if environ is None else environ
     timeout = float(env.get(TIMEOUT_VARIABLE) or 300)
     url = f"http://{address}:{step.port}/{SCOPE}/{KEY}"
