@@ -175,7 +175,8 @@ def bert_base_dir(directory: Path) -> Path:
     return directory
 
 
-MEMORY_ERRORS = ("MemoryError", "bad_alloc", "ResourceExhausted", "Cannot allocate", "OOM", "out of memory")
+MEMORY_ERRORS = ("MemoryError", "bad_alloc", "ResourceExhausted", "Cannot allocate", "OOM", "out of memory",
+                 "Resource temporarily unavailable", "failed to allocate", "Failed to allocate")
 
 
 def _last_error(job: subprocess.CompletedProcess) -> str:
@@ -211,6 +212,7 @@ def fit(args: argparse.Namespace) -> None:
     for mode in modes:
         job = launch(Path(args.work) / "fit-runs.jsonl", f"fit-{mode}",
                      _overrides(args, mode, Path(args.work) / f"fit-{mode}"), args.np, limit_kib=limit)
+        (Path(args.work) / f"fit-{mode}.log").write_text(job.stdout + job.stderr)  # the failure's whole story
         result["runs"][mode] = {"returncode": job.returncode, "trained": job.returncode == 0,
                                 "last_error": _last_error(job) if job.returncode else ""}
     with open(out, "a") as f:
