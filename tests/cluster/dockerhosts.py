@@ -20,6 +20,7 @@ import stat
 import subprocess
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,6 +129,12 @@ def key_material_in_layers(docker: str, image: str, keys: Path) -> list[str]:
     return found
 
 
+def in_parallel(calls: list) -> list:
+    """Run the callables in threads; their results in order, or the first exception raised."""
+    with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
+        return [future.result() for future in [pool.submit(call) for call in calls]]
+
+
 class Cluster:
     """A set of containers from one image acting as hosts; ``docker`` is the client to use. Its
     containers, network and volumes are all named ``<prefix>-...`` (a subclass with a prefix of
@@ -147,6 +154,7 @@ class Cluster:
         self.keys = self.context / "hvdtrain-ssh"
         self.hosts: dict[str, dict] = {}
         self.timings: dict[str, float] = {}
+        self.mounts: dict[str, Path] = {}  # container path -> folder of this machine, read-only on every host
 
     # -- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
@@ -167,13 +175,13 @@ class Cluster:
         self.timings["build"] = time.monotonic() - started
 
     def start(self, names: list[str]) -> None:
-        """The network, the shared volume, a key pair, and one worker container per name."""
+        """The network, the shared volume, a key pair, and one worker container per name (started
+        side by side; returns once ssh from the first to every one works)."""
         self.remove()
         self.create_network_and_volumes()
-        for index, name in enumerate(names):
-            self.add_host(name, writable=index == 0)
-        for name in names:
-            self.wait_ssh(name)
+        self.hosts.update({name: {} for name in names})  # the first stays first (wait_ssh's origin)
+        in_parallel([lambda i=index, n=name: self.add_host(n, writable=i == 0) for index, name in enumerate(names)])
+        in_parallel([lambda n=name: self.wait_ssh(n) for name in names])
 
     def add_host(self, name: str, writable: bool = False) -> None:
         """A worker container with host name ``name``. Only the first host (rank 0's, and the
@@ -181,9 +189,10 @@ class Cluster:
         Every host mounts a second volume writable at /elastic: Horovod's elastic driver puts
         rank 0 on whichever host it lists first, and on a survivor after rank 0's host is lost."""
         mount = f"{self.volume}:/shared" + ("" if writable else ":ro")
+        mounted = [a for inside, outside in self.mounts.items() for a in ("-v", f"{outside}:{inside}:ro")]
         self.run("run", "-d", "--name", self.container(name), "--hostname", name, "--network", self.network,
                  "--network-alias", name, "--shm-size=256m", "-v", f"{self.keys}:/etc/hvdtrain/ssh:ro",
-                 "-v", mount, "-v", f"{self.elastic_volume}:/elastic", IMAGE, "worker")
+                 "-v", mount, "-v", f"{self.elastic_volume}:/elastic", *mounted, IMAGE, "worker")
         self.hosts[name] = {"writable": writable}
 
     def wait_ssh(self, name: str, timeout: float = 60) -> None:
@@ -197,7 +206,7 @@ class Cluster:
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"ssh to {name} did not work: {proc.stdout}{proc.stderr}")
-            time.sleep(1)
+            time.sleep(0.5)
 
     def create_network_and_volumes(self) -> None:
         """The network, every volume of ``volumes`` and the key pair (after :meth:`remove`)."""

@@ -41,7 +41,7 @@ if WHY_NOT and os.environ.get("CI") == "true":
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(2400),
               pytest.mark.skipif(bool(WHY_NOT), reason=f"no Docker: {WHY_NOT}")]
 
-DATA = "/shared/data/mnist-imagefolder"
+DATA = "/data/mnist-imagefolder"  # this machine's embedded MNIST, mounted read-only on every host (a shared file system)
 TRAIN = ["--data", DATA, "--batch-size", "32", "--set", "data.max_train_samples=1024",
          "--set", "data.max_val_samples=256", "--set", "train.log_every=0"]
 WORKERS_LINE = "hvdtrain: workers on h1 (ranks 0-1), h2 (ranks 2-3)"
@@ -49,13 +49,13 @@ WORKERS_LINE = "hvdtrain: workers on h1 (ranks 0-1), h2 (ranks 2-3)"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    from recipes.image_classification.data import embedded_mnist
+
     hosts = Cluster(tmp_path_factory.mktemp("cluster"))
     hosts.build()
     try:
+        hosts.mounts = {DATA: embedded_mnist()}  # written once per machine, not per run
         hosts.start(["h1", "h2"])
-        # the embedded MNIST written once to the shared volume (h1), read by every host
-        hosts.exec("h1", "python", "-c", "from pathlib import Path; from recipes.image_classification.data "
-                   "import embedded_mnist; print(embedded_mnist(Path('/shared/data')))", timeout=600)
         yield hosts
     finally:
         hosts.remove()
@@ -177,10 +177,11 @@ def test_elastic_host_killed_then_rejoins(cluster):
     cluster.wait_ssh("h0")
     # 2,048 samples / 4 ranks / batch 16 = 32 steps per epoch; a host dies at rank 0's step 8. While
     # the 2 survivors (64 steps per epoch) work alone, rank 0 sleeps 300 ms a step (size=2), so they
-    # still train when the host is back (restart, sshd, Horovod's 5-10 s blacklist cool-down); once
-    # it has rejoined, the 4 train at full speed.
+    # still train when the host is back (restart, sshd, Horovod's 1-2 s blacklist cool-down: the
+    # discovery script lists a host only once its sshd answers); once it has rejoined, the 4 train at
+    # full speed. Every step of the test waits on an event (a line of the job's output), none on a clock.
     proc = cluster.popen("h0", "horovodrun", "-np", "4", "--min-np", "2", "--max-np", "4", "-p", str(SSH_PORT),
-                         "--host-discovery-script", "/shared/discover.sh", "--blacklist-cooldown-range", "5", "10",
+                         "--host-discovery-script", "/shared/discover.sh", "--blacklist-cooldown-range", "1", "2",
                          "hvdtrain", "recipe", "image-classification", "--framework", "torch", "--elastic",
                          "--epochs", "3", "--output", "/elastic/runs/elastic", "--data", DATA, "--batch-size", "16",
                          "--set", "data.max_train_samples=2048", "--set", "data.max_val_samples=256",
@@ -198,6 +199,9 @@ def test_elastic_host_killed_then_rejoins(cluster):
             found = re.search(r"hvdtrain: workers on (h\d) \(ranks 0-1\), (h\d) \(ranks 2-3\)", line)
             if found and not hosts:
                 hosts["rank0"], hosts["victim"] = found.groups()
+                events["trains"] = time.monotonic() - started
+            if "re-formed with 4 worker(s)" in line and "restarted" in events:
+                events.setdefault("rejoined", time.monotonic() - started)
             if "killed" not in events and hosts and re.search(r"epoch 1/3 step (8|12|16)/", line):
                 cluster.run("kill", cluster.container(hosts["victim"]))
                 events["killed"] = time.monotonic() - started
@@ -215,6 +219,8 @@ def test_elastic_host_killed_then_rejoins(cluster):
     finally:
         reader.join(timeout=30)
     out = "".join(lines)
+    events["done"] = time.monotonic() - started
+    print("elastic timeline (s):", {k: round(v, 1) for k, v in events.items()})  # shown by pytest -rP
     assert proc.returncode == 0, out[-6000:]
     assert "killed" in events and "restarted" in events, (events, out[-6000:])
     assert "re-formed with 2 worker(s)" in out and "re-formed with 4 worker(s)" in out, out[-6000:]
