@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from cluster.dockerhosts import REPO, Cluster, copy_tree, make_key_pair
+from cluster.dockerhosts import REPO, Cluster, copy_tree, in_parallel, make_key_pair
 
 SLURM_IMAGE = os.environ.get("HVDTRAIN_SLURM_IMAGE", "hvdtrain:slurm")
 BASE_IMAGE = "hvdtrain:slurm-base"  # the CPU image, built from this tree for this module
@@ -73,16 +73,15 @@ class SlurmCluster(Cluster):
         self.munge_key.write_bytes(os.urandom(1024))
         env = {"HVDTRAIN_SLURM_CONTROLLER": CONTROLLER, "HVDTRAIN_SLURM_NODES": ",".join(nodes),
                "HVDTRAIN_SLURM_CPUS": "4"}
+        flags = [a for k, v in {**env, "HVDTRAIN_SSHD": "1"}.items() for a in ("-e", f"{k}={v}")]
+        mounted = [a for inside, outside in (mounts or {}).items() for a in ("-v", f"{outside}:{inside}:ro")]
         for name in (CONTROLLER, *nodes):
-            role = "controller" if name == CONTROLLER else "node"
-            flags = [a for k, v in {**env, "HVDTRAIN_SSHD": "1"}.items() for a in ("-e", f"{k}={v}")]
-            self.run("run", "-d", "--name", self.container(name), "--hostname", name, "--network", self.network,
-                     "--network-alias", name, "--shm-size=256m", *flags,
-                     "-v", f"{self.munge_key}:/etc/hvdtrain/munge.key:ro",
-                     "-v", f"{self.keys}:/etc/hvdtrain/ssh:ro", "-v", f"{self.volume}:/shared",
-                     *[a for inside, outside in (mounts or {}).items() for a in ("-v", f"{outside}:{inside}:ro")],
-                     SLURM_IMAGE, START, role)
             self.hosts[name] = {"writable": True}
+        in_parallel([lambda name=name: self.run(
+            "run", "-d", "--name", self.container(name), "--hostname", name, "--network", self.network,
+            "--network-alias", name, "--shm-size=256m", *flags, "-v", f"{self.munge_key}:/etc/hvdtrain/munge.key:ro",
+            "-v", f"{self.keys}:/etc/hvdtrain/ssh:ro", "-v", f"{self.volume}:/shared", *mounted,
+            SLURM_IMAGE, START, "controller" if name == CONTROLLER else "node") for name in self.hosts])
         self.wait_idle(nodes)
 
     def wait_idle(self, nodes: tuple[str, ...], timeout: float = 90) -> None:
@@ -96,7 +95,7 @@ class SlurmCluster(Cluster):
             if time.monotonic() > deadline:
                 raise AssertionError(f"Slurm nodes not idle after {timeout} s: {proc.stdout}{proc.stderr}\n"
                                      + self.logs())
-            time.sleep(1)
+            time.sleep(0.5)
 
     # -- use ----------------------------------------------------------------------------------
     def sbatch(self, *options: str, script: str | None = None, args: tuple[str, ...] | list[str] = (),
@@ -129,7 +128,7 @@ class SlurmCluster(Cluster):
             if time.monotonic() > deadline:
                 raise AssertionError(f"job {job_id} still {info.get('JobState')} after {timeout} s\n"
                                      + self.job_output(job_id)[-4000:] + self.logs())
-            time.sleep(2)
+            time.sleep(1)
 
     def job_output(self, job_id: int) -> str:
         """The batch script's output file (``slurm-JOBID.out`` in /shared), or ''."""

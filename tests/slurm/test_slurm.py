@@ -11,8 +11,10 @@ with ``squeue``/``scontrol`` as a user would.
   last two on MPI with the PyPI Open MPI: the same metrics and weights, bitwise, as the srun Gloo
   job of their framework (every launch is run by one framework, each framework by Gloo and MPI);
 * preemption (examples/slurm/requeue.sbatch): a real ``scontrol requeue`` mid-run (TensorFlow;
-  SIGTERM to the tasks, Slurm queues the job again) and a time limit whose ``--signal=USR1@60``
-  warning comes mid-run (torch; the script requeues on exit 75): each job runs again, continues
+  SIGTERM to the tasks, Slurm queues the job again) and a time limit whose ``--signal=USR1@90``
+  warning comes mid-run (torch; the script requeues on exit 75; the limit is lowered with
+  ``scontrol update TimeLimit=`` once the first run trains, so that neither a slow start on a busy
+  machine nor an early warning decides the outcome): each job runs again, continues
   from its step checkpoint by ``--resume auto`` and ends bitwise equal to the uninterrupted srun
   job (every weight and running statistic: the TensorFlow jobs train ResNet-18, with BatchNorm,
   whose per-rank statistics the stop's checkpoint keeps; the torch jobs the small CNN, with
@@ -22,7 +24,9 @@ with ``squeue``/``scontrol`` as a user would.
 
 All jobs are submitted at the start and run side by side (4 CPUs per node are configured on 2
 real cores: the slow steps that keep a job running until it is interrupted sleep). A requeued job
-that Slurm holds back (Reason=BeginTime) is released with ``scontrol update StartTime=now``.
+that Slurm holds back (Reason=BeginTime) is released with ``scontrol update StartTime=now``. The
+module waits on events (a checkpoint folder, a line of a job's output, a job's state), polled
+every second, never for a fixed time.
 Needs Docker (started, or installed with apt-get as root): under CI=true a missing capability
 fails; elsewhere the module skips with the reason.
 """
@@ -74,9 +78,27 @@ def recipe(framework: str, name: str) -> list[str]:
             *MODEL[framework]]
 
 
+# The time-limit job: submitted with a limit it never reaches; once its first run trains, the limit
+# is lowered to LIMIT_LEFT_SEC..+60 s from then (Slurm counts whole minutes), so that Slurm's own
+# warning (sent when at most WARN_SEC + up to 60 s are left) comes within about a minute, mid-run,
+# and leaves the run at least a minute to stop; the requeued run gets the long limit back.
+WARN_SEC, LIMIT_LEFT_SEC, LONG_LIMIT_MIN = 90, 90, 30
+TRAINING = "image-classification/torch on 2 worker(s)"  # rank 0's first line: the world is formed
+
+
+def hms_seconds(value: str) -> int:
+    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) as seconds."""
+    days, _, clock = value.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds + int(days or 0) * 86400
+
+
 class Jobs:
     """The module's jobs by name, and a thread that plays the cluster's side: ``scontrol requeue``
-    of the requeue job once its step-5 checkpoint exists, and the release of requeued jobs."""
+    of the requeue job once its step-5 checkpoint exists, the time-limit job's limit lowered once
+    its first run trains (and raised again for the requeued run), and the release of requeued jobs."""
 
     def __init__(self, cluster: SlurmCluster):
         self.cluster = cluster
@@ -96,12 +118,29 @@ class Jobs:
             if "requeued" not in self.events and step5.is_dir():
                 self.cluster.exec(CONTROLLER, "scontrol", "requeue", str(self.ids[REQUEUE]))
                 self.events["requeued"] = time.monotonic() - started
+            self._time_limit(started)
             pending = self.cluster.exec(CONTROLLER, "squeue", "-h", "-t", "PENDING", "-o", "%i %r", check=False).stdout
             for line in pending.splitlines():
                 job, _, reason = line.partition(" ")
                 if reason == "BeginTime" and int(job) in self.ids.values():
                     self.cluster.exec(CONTROLLER, "scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
                     self.events[f"released {job}"] = time.monotonic() - started
+
+    def _time_limit(self, started: float) -> None:
+        """The time-limit job's first run, once it trains: its limit lowered to LIMIT_LEFT_SEC (whole
+        minutes up) from now; once it was requeued (its next run): the long limit back."""
+        if "limit raised" in self.events or ("limit lowered" not in self.events
+                                             and TRAINING not in self.output(LIMIT)):
+            return
+        job = self.ids[LIMIT]
+        info = self.cluster.job(job)
+        if "limit lowered" not in self.events and info.get("JobState") == "RUNNING" and info.get("Restarts") == "0":
+            minutes = -(-(hms_seconds(info["RunTime"]) + LIMIT_LEFT_SEC) // 60)
+            self.cluster.exec(CONTROLLER, "scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}")
+            self.events["limit lowered"] = time.monotonic() - started
+        elif "limit lowered" in self.events and int(info.get("Restarts") or 0) >= 1:
+            self.cluster.exec(CONTROLLER, "scontrol", "update", f"JobId={job}", f"TimeLimit={LONG_LIMIT_MIN}")
+            self.events["limit raised"] = time.monotonic() - started
 
     def wait(self, name: str, timeout: float = 900) -> dict[str, str]:
         """The job's final ``scontrol show job`` record (COMPLETED or not: the test says what it expects)."""
@@ -141,10 +180,10 @@ def jobs(cluster):
                      HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/gloo-{framework}.ranks.json {framework} --")
     queue.submit(REQUEUE, "requeue.sbatch", recipe("tensorflow", REQUEUE),
                  HVDTRAIN_COMMAND="/shared/slow-first-run.sh", SLOW_MS="2000")
-    # Slurm sends the warning up to a minute early: at 60-120 s of the 3 minutes; the first run
-    # (8 s a step) is then training, whatever the start-up took on a busy machine
-    queue.submit(LIMIT, "requeue.sbatch", recipe("torch", LIMIT), "--time=3",
-                 "--signal=USR1@60", HVDTRAIN_COMMAND="/shared/slow-first-run.sh", SLOW_MS="8000")
+    # the first run (8 s a step: 2 minutes of training) gets the warning within about a minute of
+    # the limit being lowered (Jobs._watch), whatever its start-up took on a busy machine
+    queue.submit(LIMIT, "requeue.sbatch", recipe("torch", LIMIT), f"--time={LONG_LIMIT_MIN}",
+                 f"--signal=USR1@{WARN_SEC}", HVDTRAIN_COMMAND="/shared/slow-first-run.sh", SLOW_MS="8000")
     queue.submit("horovodrun-tensorflow", "horovodrun.sbatch", recipe("tensorflow", "horovodrun-tensorflow"),
                  HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/horovodrun-tensorflow.ranks.json tensorflow --",
                  HVDTRAIN_SSH_PORT="2222")
@@ -152,6 +191,9 @@ def jobs(cluster):
         name = f"{launcher}-{framework}"
         queue.submit(name, f"{launcher}.sbatch", recipe(framework, name),
                      HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/{name}.ranks.json {framework} --")
+    # the singleton trap (test_a_process_started_by_the_batch_script_alone_is_refused): with the others
+    queue.ids["alone"] = cluster.sbatch("--job-name", "alone", "--nodes=2", "--ntasks=2", "--wrap",
+                                        f"hvdtrain recipe image-classification --output /shared/runs/alone --data {DATA}")
     queue.thread.start()
     yield queue
     queue.stop.set()
@@ -239,8 +281,8 @@ def test_scontrol_requeue_mid_run_continues_bitwise(cluster, jobs):
 
 
 def test_time_limit_warning_checkpoints_requeues_and_continues_bitwise(cluster, jobs):
-    out, info = assert_completed(jobs, LIMIT, restarts=None)
-    assert int(info["Restarts"]) >= 1, (info, out[-6000:])  # a second warning in a run 2 may requeue it again
+    out, _ = assert_completed(jobs, LIMIT, restarts=1)  # the requeued run has the long limit back
+    assert "limit lowered" in jobs.events and "limit raised" in jobs.events, (jobs.events, out[-6000:])
     assert "SIGUSR1 received: stopped every rank after optimizer step" in out, out[-6000:]
     assert "stopped at a checkpoint (exit 75): back to the queue" in out, out[-6000:]
     assert f"resuming from /shared/runs/{LIMIT}/checkpoints/" in out, out[-6000:]
@@ -249,10 +291,8 @@ def test_time_limit_warning_checkpoints_requeues_and_continues_bitwise(cluster, 
 
 
 def test_a_process_started_by_the_batch_script_alone_is_refused(cluster, jobs):
-    job = cluster.sbatch("--nodes=2", "--ntasks=2", "--wrap",
-                         f"hvdtrain recipe image-classification --output /shared/runs/alone --data {DATA}")
-    info = cluster.wait_job(job, timeout=600)
-    out = cluster.job_output(job)
+    info = jobs.wait("alone")
+    out = jobs.output("alone")
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", (info, out)
     assert "hvdtrain: error: this process runs in the batch script of Slurm job" in out, out
     assert "(SLURM_NTASKS=2) but no launcher started it" in out and "`srun hvdtrain ...`" in out, out
