@@ -430,11 +430,18 @@ class ShardedExchange(Stateless):
     """The sharded optimizer's gradient exchange: each bucket of the flat gradient buffers averaged
     with an allreduce of which this rank keeps its slice (``optimizer``, ZeRO-1), or
     reduce-scattered (``gradients``, ZeRO-2); optional float16 on the wire. Returns this rank's
-    averaged slice of each group's buffer."""
+    averaged slice of each group's buffer.
+
+    ZeRO-2 reduce-scatters on GPUs (NCCL's reduce-scatter moves half an allreduce's bytes). Without
+    a GPU it averages each bucket by allreduce too and keeps its slice, as the torch exchange does:
+    Horovod's Gloo reducescatter measured 2.6x the CPU of an allreduce of the same bucketed buffer
+    (``benchmarks/reducescatter_cost_tf.py``), and the memory is the same, because a bucket's whole
+    average lives only inside the step. ``by_allreduce`` (None: by device) forces either way."""
 
     def __init__(self, sharded: ShardedOptimizer, variables: list[Any], compression: Any) -> None:
         self.sharded, self.compression = sharded, compression
         self.position = {id(v): i for i, v in enumerate(variables)}  # the order of the gradients reduce() gets
+        self.by_allreduce: bool | None = None
 
     def reduce(self, grads: list[Any]) -> list[Any]:
         """This rank's slice of every averaged flat buffer, a bucket at a time (a collective each:
@@ -442,6 +449,8 @@ class ShardedExchange(Stateless):
         sharded = self.sharded
         fp16 = self.compression is hvd.Compression.fp16
         grads = [tf.convert_to_tensor(g) if g is not None else None for g in grads]  # sparse: dense once
+        by_allreduce = sharded.mode == "optimizer" or (
+            self.by_allreduce if self.by_allreduce is not None else not tf.config.list_logical_devices("GPU"))
         out = []
         for g, group in enumerate(sharded.groups):
             tensors = [grads[self.position[id(v)]] for v in group.variables]
@@ -451,7 +460,7 @@ class ShardedExchange(Stateless):
                 if sharded.size > 1:
                     wire = tf.cast(flat, tf.float16) if fp16 else flat
                     name = f"hvdtrain.zero.grads.{g}.{b}"
-                    if sharded.mode == "gradients":
+                    if not by_allreduce:
                         flat = hvd.reducescatter(wire, op=hvd.Average, name=name)  # distributed
                     else:
                         whole = hvd.allreduce(wire, op=hvd.Average, name=name)  # distributed

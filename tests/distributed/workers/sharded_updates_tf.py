@@ -30,7 +30,7 @@ FEATURES, HIDDEN, CLASSES, PER_RANK = 7, 5, 3, 4
 # five reduce-scatters (or allreduces) and five all-gathers
 BUCKET_ELEMENTS = 16
 LRS = [0.1, 0.3, 0.05, 0.2]
-MODES = ("none", "optimizer", "gradients")
+MODES = ("none", "optimizer", "gradients", "gradients/reducescatter")
 OPTIMIZERS = {"sgd": ["optim.name=sgd", "optim.momentum=0.9", "optim.weight_decay=0.01"],
               "adam": ["optim.name=adam", "optim.weight_decay=0.01"],
               "adamw": ["optim.name=adamw", "optim.weight_decay=0.01"],
@@ -68,6 +68,7 @@ def main():
         return [np.asarray(v).tolist() for v in m.trainable_variables]
 
     def prepared(overrides, mode):
+        mode, _, collective = mode.partition("/")  # gradients/reducescatter: ZeRO-2 by reduce-scatter on a CPU too
         config = load_config(overrides=[*overrides, f"parallel.shard_optimizer={mode}", "optim.grad_clip_norm=0.5"])
         m = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(HIDDEN, activation="tanh"),
                               keras.layers.Dense(CLASSES)])
@@ -77,6 +78,8 @@ def main():
         task = TrainTask(m, build_optimizer(config.optim, exclude_variables=low_rank_variables(m)), loss,
                          dummy, dummy, metric_sums=lambda out, y: {})
         adapter.prepare(task, config)
+        if collective:
+            adapter.exchange.by_allreduce = collective == "allreduce"
         return m
 
     def update(m, step, history):
@@ -102,7 +105,7 @@ def main():
             adapter.broadcast_state()
             for step in range(3):
                 update(m, step, history)
-            folder = REPORT.parent / f"{name}-{mode}"
+            folder = REPORT.parent / f"{name}-{mode.replace('/', '-')}"
             adapter.gather_state()  # every rank: rank 0 gets the whole optimizer state
             paths = None
             if ctx.rank == 0:
