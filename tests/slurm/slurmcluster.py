@@ -40,6 +40,7 @@ class SlurmCluster(Cluster):
         super().__init__(tmp)
         self.volumes = [self.volume]
         self.munge_key = tmp / "munge" / "munge.key"
+        self.records: dict[int, dict[str, str]] = {}  # job id -> its last scontrol record (job, watch_jobs)
 
     # -- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
@@ -106,10 +107,22 @@ class SlurmCluster(Cluster):
         return int(proc.stdout.strip().split(";")[0])
 
     def job(self, job_id: int) -> dict[str, str]:
-        """``scontrol show job`` as a dict (JobState, ExitCode, Restarts, NodeList, ...); empty once
-        the controller has forgotten the job (MinJobAge after it ended)."""
+        """``scontrol show job`` as a dict (JobState, ExitCode, Restarts, NodeList, ...); once the
+        controller has forgotten the job (MinJobAge after it ended), its last record that
+        :meth:`job` or :meth:`watch_jobs` saw; else empty."""
         proc = self.exec(CONTROLLER, "scontrol", "-o", "show", "job", str(job_id), check=False, timeout=30)
-        return dict(re.findall(r"(\w+)=(\S*)", proc.stdout)) if proc.returncode == 0 else {}
+        if proc.returncode == 0 and proc.stdout.strip():
+            self.records[job_id] = dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+        return self.records.get(job_id, {})
+
+    def watch_jobs(self) -> None:
+        """Every job's record now (one ``scontrol show job``), kept for :meth:`job`: a job that ended
+        while no test waited on it is still known after the controller forgot it."""
+        proc = self.exec(CONTROLLER, "scontrol", "-o", "show", "job", check=False, timeout=30)
+        for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+            record = dict(re.findall(r"(\w+)=(\S*)", line))
+            if record.get("JobId", "").isdigit():
+                self.records[int(record["JobId"])] = record
 
     def squeue(self, job_id: int) -> str:
         """The job's state as ``squeue`` shows it (e.g. PENDING, RUNNING); empty once it left the queue."""

@@ -119,6 +119,7 @@ class Jobs:
                 self.cluster.exec(CONTROLLER, "scontrol", "requeue", str(self.ids[REQUEUE]))
                 self.events["requeued"] = time.monotonic() - started
             self._time_limit(started)
+            self.cluster.watch_jobs()  # a job that ends long before its test runs is still known then
             pending = self.cluster.exec(CONTROLLER, "squeue", "-h", "-t", "PENDING", "-o", "%i %r", check=False).stdout
             for line in pending.splitlines():
                 job, _, reason = line.partition(" ")
