@@ -108,8 +108,12 @@ def kept_date(results: dict) -> str:
 
 
 # BENCHMARKS.md after the suite's table and NOTES.md: one section per feature, in this order, each
-# written by hand or by its own benchmark script (compression.md: benchmarks/compression.py)
-SECTIONS = ("image_pipeline.md", "compression.md", "text_cache.md", "pipeline_stages.md")
+# written by hand or by its own benchmark script (compression.md: benchmarks/compression.py). A
+# section edited in BENCHMARKS.md itself is lost at the next run: edit its file here. A file in
+# sections/ missing from this list is an error (tests/unit/test_benchmark_sections.py).
+SECTIONS = ("image_pipeline.md", "image_decoders.md", "compiled_steps.md", "compression.md", "text_cache.md",
+            "pipeline_stages.md", "launch_overheads.md", "finetune.md", "trackers.md", "sharded_zero1.md",
+            "sharded_zero2.md", "image_shards.md")
 
 
 def write(results: dict, markdown: Path, png: Path) -> None:
