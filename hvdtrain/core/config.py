@@ -179,7 +179,7 @@ class CheckpointConfig:
                             "false (an output an earlier run used is refused), or 'auto' (--resume auto: continue when "
                             "the output holds this run's checkpoints, start when it is unused, refuse another run's; "
                             "what a requeued Slurm job or a restarted pod needs)", choices=(False, True, "auto"))
-    preempt_signals: str = _f("USR1,TERM", "signals that make every rank stop at the next optimizer step after a "
+    preempt_signals: str = _f("USR1,TERM", "signals that make every rank stop within about a second (at an optimizer step) after a "
                               "step checkpoint, exiting 75 (Slurm's --signal before a time limit or preemption, "
                               "Kubernetes' eviction): comma-separated names from USR1, USR2, TERM, INT, HUP, XCPU; "
                               "'none': signals act as without hvdtrain. Not in elastic runs (the elastic driver "

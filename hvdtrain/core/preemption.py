@@ -6,9 +6,14 @@ eviction (then SIGKILL after the pod's grace period). A signal reaches some rank
 and at any moment, in the middle of a collective as often as not.
 
 :class:`PreemptionWatch` catches the signals named by ``checkpoint.preempt_signals`` on every rank
-and only records them. At each optimizer-step boundary the ranks agree, in one small allreduce,
+and only records them. At optimizer-step boundaries the ranks agree, in one small allreduce,
 whether any of them got one (:meth:`PreemptionWatch.agreed`), so all take the same decision at the
-same step and none waits in a collective the others have left. The loop then writes a step
+same step and none waits in a collective the others have left. They agree about once a second of
+training (:data:`AGREE_EVERY_SECONDS`), not at every step: the allreduce carries each rank's seconds
+since the last agreement too, and every rank derives the number of steps to the next one from the
+summed values, so all ranks agree at the same steps without another word. An allreduce at every
+step cost 3-8% of a small model's step at 2 ranks (one more synchronisation per step; row 1 of
+BENCHMARKS.md). A single process agrees with itself at every step, for free. The loop then writes a step
 checkpoint (the same kind ``checkpoint.every_steps`` writes: it resumes bitwise) and raises
 :class:`Preempted` (:meth:`PreemptionWatch.maybe_stop`, :meth:`PreemptionWatch.at_epoch_end`: the
 watch decides its own cadence, as the checkpoint policy does); the command line exits with :data:`EXIT_PREEMPTED` (75, ``EX_TEMPFAIL``: "try
@@ -32,6 +37,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from hvdtrain.core.config import preempt_signal_names
@@ -44,6 +50,10 @@ _held: list[str] = []  # early signals received before a watch took over, in ord
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the job stopped on request and can continue where it stopped
 IMMEDIATE_ON_REPEAT = ("TERM", "INT")  # a second one means "now"
+
+#: Seconds of training between two agreements of the ranks (a stop begins at most about this late).
+AGREE_EVERY_SECONDS = 1.0
+MAX_STEPS_BETWEEN_AGREEMENTS = 1000
 
 
 class Preempted(Exception):
@@ -65,6 +75,7 @@ class PreemptionWatch:
         self.rank = rank
         self.received: list[str] = []
         self._previous: dict[int, Any] = {}
+        self._every, self._steps, self._since = 1, 0, time.monotonic()  # the first step agrees
 
     @property
     def enabled(self) -> bool:
@@ -104,14 +115,29 @@ class PreemptionWatch:
         if name not in self.received:
             self.received.append(name)
             print(f"hvdtrain: rank {self.rank}: SIG{name} received: every rank saves a step checkpoint and stops "
-                  f"at the next optimizer step", file=sys.stderr, flush=True)
+                  f"within about a second, at an optimizer step", file=sys.stderr, flush=True)
 
-    def agreed(self, adapter: Any) -> list[str]:
-        """The signals any rank has received (a collective on every rank, each optimizer step while
-        :attr:`enabled`); empty: carry on."""
+    def agreed(self, adapter: Any, size: int, at_step: bool = True) -> list[str]:
+        """The signals any rank has received; empty: carry on. While :attr:`enabled` and ``size``
+        > 1, a collective on every rank when it is due: at a step (``at_step``) once the steps
+        since the last agreement reach the cadence every rank derived from that agreement's sums;
+        always at an epoch's end. Between agreements: empty."""
         if not self.enabled:
             return []
-        sums = adapter.allreduce_sums({name: float(name in self.received) for name in self.names})  # distributed
+        if size == 1:
+            return [name for name in self.names if name in self.received]
+        if at_step:
+            self._steps += 1
+            if self._steps < self._every:
+                return []
+        now = time.monotonic()
+        values = {name: float(name in self.received) for name in self.names}
+        sums = adapter.allreduce_sums({**values, "_seconds": now - self._since})  # distributed
+        if at_step:  # an epoch's end (evaluation, checkpoint) says nothing about a step's time
+            per_step = sums["_seconds"] / size / self._steps
+            every = int(AGREE_EVERY_SECONDS / per_step) if per_step > 0 else MAX_STEPS_BETWEEN_AGREEMENTS
+            self._every = max(1, min(MAX_STEPS_BETWEEN_AGREEMENTS, every))
+        self._steps, self._since = 0, now
         return [name for name in self.names if sums[name] > 0]
 
     def maybe_stop(self, checkpoints: Any, ctx: Any, position: Any, stats: Any, applied: bool,
@@ -137,7 +163,7 @@ class PreemptionWatch:
         :class:`~hvdtrain.core.saving.CheckpointPolicy`; unless ``saved``: one was just written) and
         raises :class:`Preempted` (a collective while :attr:`enabled`)."""
         adapter, config = checkpoints.adapter, checkpoints.config
-        signals = self.agreed(adapter)  # distributed
+        signals = self.agreed(adapter, ctx.size, at_step=stats is not None)  # distributed
         if not signals:
             return
         checkpoint, totals = None, stats.totals() if stats is not None else None
