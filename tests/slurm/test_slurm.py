@@ -23,7 +23,8 @@ with ``squeue``/``scontrol`` as a user would.
   at once with one line naming the fix.
 
 All jobs are submitted at the start and run side by side (4 CPUs per node are configured on 2
-real cores: the slow steps that keep a job running until it is interrupted sleep). A requeued job
+real cores: the slow steps that keep a job running until it is interrupted sleep), except the two
+MPI jobs, the second of which waits for the first (``--dependency=afterany``). A requeued job
 that Slurm holds back (Reason=BeginTime) is released with ``scontrol update StartTime=now``. The
 module waits on events (a checkpoint folder, a line of a job's output, a job's state), polled
 every second, never for a fixed time.
@@ -188,10 +189,15 @@ def jobs(cluster):
     queue.submit("horovodrun-tensorflow", "horovodrun.sbatch", recipe("tensorflow", "horovodrun-tensorflow"),
                  HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/horovodrun-tensorflow.ranks.json tensorflow --",
                  HVDTRAIN_SSH_PORT="2222")
+    # the MPI jobs one after the other: on the same two nodes, Open MPI's TCP transport of one job
+    # took a connection meant for the other's ranks ("server accept cannot find guid", PMIx
+    # NOT-FOUND) and the srun --mpi=pmix job hung in its first collective (seen once, 2026-11-25)
+    previous = []
     for launcher, framework in MPI_LAUNCHERS.items():
         name = f"{launcher}-{framework}"
-        queue.submit(name, f"{launcher}.sbatch", recipe(framework, name),
+        queue.submit(name, f"{launcher}.sbatch", recipe(framework, name), *previous,
                      HVDTRAIN_COMMAND=f"{CLI_RANKS} /shared/runs/{name}.ranks.json {framework} --")
+        previous = [f"--dependency=afterany:{queue.ids[name]}"]
     # the singleton trap (test_a_process_started_by_the_batch_script_alone_is_refused): with the others
     queue.ids["alone"] = cluster.sbatch("--job-name", "alone", "--nodes=2", "--ntasks=2", "--wrap",
                                         f"hvdtrain recipe image-classification --output /shared/runs/alone --data {DATA}")
