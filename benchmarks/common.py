@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import resource
 import socket
 import sys
 import time
@@ -34,6 +35,12 @@ LR = 0.05
 SKIP_STEPS = 4  # warm-up steps left out of every throughput window
 MEMORY_RECIPE = "bench-mnist-memory"
 
+
+def cpu_seconds() -> float:
+    """This process's CPU time so far, user + system, in seconds (its threads included): what load
+    from other processes on a shared machine distorts least."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 def mnist_arrays(n_train: int, n_val: int = 256, channels_first: bool = True, seed: int = SEED):
     """``(x_train, y_train, x_val, y_val)``: a seeded subset of real MNIST, normalised like the recipe."""

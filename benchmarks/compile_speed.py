@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import resource
 import statistics
 import sys
 import time
@@ -39,16 +38,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from common import cpu_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = 100
 SEQUENCE = 128
 
-
-def cpu_seconds() -> float:
-    """This process's user + system CPU time (all its threads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _load_file(name: str, path: Path) -> Any:

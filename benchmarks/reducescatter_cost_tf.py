@@ -10,14 +10,10 @@ line per round and kind: wall seconds and this process's CPU-seconds (user + sys
 
 import argparse
 import json
-import resource
 import time
 
+from common import cpu_seconds
 
-def cpu_seconds() -> float:
-    """This process's user + system CPU time."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:

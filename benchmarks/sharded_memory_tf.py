@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import cpu_seconds
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 MODES = ("none", "optimizer", "gradients")
@@ -63,11 +65,6 @@ def nbytes(variables) -> int:
 
     return sum(int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize for v in variables)
 
-
-def cpu_seconds() -> float:
-    """This process's user + system CPU time (what other jobs' load does not inflate)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def worker(out: str, label: str, overrides: list[str]) -> None:

@@ -10,14 +10,13 @@ the process, Horovod's and Gloo's threads included: what load on a shared machin
 distort). Horovod's tuning variables (``HOROVOD_CYCLE_TIME``, ``HOROVOD_FUSION_THRESHOLD``,
 ``HOROVOD_CACHE_CAPACITY``) apply to every Horovod side alike; set them around the job to sweep.
 
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/workers/flat_exchange.py OUT.json --steps 200
+    PYTHONPATH=benchmarks horovodrun -np 2 -H localhost:2 --gloo python benchmarks/workers/flat_exchange.py OUT.json --steps 200
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import time
 
 import common  # noqa: F401  (puts the repository on sys.path)
@@ -25,7 +24,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import BATCH, LR, MODEL, SEED, mnist_arrays
+from common import BATCH, LR, MODEL, SEED, cpu_seconds, mnist_arrays
 
 from hvdtrain import ArrayDataset, TrainTask, load_config
 from hvdtrain.torch import TorchAdapter
@@ -52,10 +51,6 @@ def adapter_steps(x: np.ndarray, y: np.ndarray, flat: bool):
         adapter.train_step(x[idx], y[idx])
         yield
 
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ averaged 1/N slice of one flat gradient buffer, timed interleaved in one job (A,
 Per variant: median wall ms and CPU ms (user+sys of the process, Horovod's threads included; load
 on a shared machine does not distort it) per call, rank 0 printing and writing ``OUT`` (JSON).
 
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/workers/zero2_collectives.py OUT.json \\
+    PYTHONPATH=benchmarks horovodrun -np 2 -H localhost:2 --gloo python benchmarks/workers/zero2_collectives.py OUT.json \\
         --elements 22700000 --rounds 6
 """
 
@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import time
 
 import horovod.torch as hvd
 import torch
+from common import cpu_seconds  # benchmarks/ on PYTHONPATH, as for every worker
 
-
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
