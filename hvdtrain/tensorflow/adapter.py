@@ -16,6 +16,7 @@ variable, so it is broadcast and checkpointed with the rest of the optimizer sta
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -377,10 +378,12 @@ class TensorFlowAdapter(FrameworkAdapter):
     def save_state(self, directory: Path) -> None:
         if not all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables):
             raise NonFiniteStateError("model parameters are not finite")
-        _save_variables(Path(directory) / MODEL_FILE, self.model.variables)
-        _save_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
-        if self.sharded is not None:
-            self.sharded.release()
+        try:
+            _save_variables(Path(directory) / MODEL_FILE, self.model.variables)
+            _save_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
+        finally:
+            if self.sharded is not None:
+                self.sharded.release()  # distributed: the slots not saved still come (every rank alike)
 
     def load_state(self, directory: Path) -> None:
         _load_variables(Path(directory) / MODEL_FILE, self.model.variables)
@@ -388,11 +391,17 @@ class TensorFlowAdapter(FrameworkAdapter):
 
 
 def _save_variables(path: Path, variables: list[Any]) -> None:
-    """Variables in order, as a NumPy .npz (no pickled objects), with their paths for checking."""
-    arrays = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
-    arrays["paths"] = np.asarray([getattr(v, "path", v.name) for v in variables], dtype=np.str_)
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
+    """Variables in order, as a NumPy .npz (no pickled objects), with their paths for checking:
+    ``np.savez``'s file (``v00000.npy``... then ``paths.npy``, stored, zip64), written one variable
+    at a time, so that one variable's host copy exists at a time (``np.savez`` takes them all at
+    once: a copy of the whole model, or on a sharded run's rank 0 of the whole optimizer state)."""
+    paths = np.asarray([getattr(v, "path", v.name) for v in variables], dtype=np.str_)
+    with open(path, "wb") as f, zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED,
+                                                 allowZip64=True) as archive:
+        for name, value in [*((f"v{i:05d}", v) for i, v in enumerate(variables)), ("paths", paths)]:
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:  # as np.savez writes it
+                np.lib.format.write_array(member, np.asarray(value if name == "paths" else value.numpy()),
+                                          allow_pickle=False)
 
 
 def _variable_path(variable: Any) -> str:

@@ -32,8 +32,10 @@ shape-only stand-ins of the model's variables (:class:`_StandIn`): it holds its 
 variables (iterations, learning rate, loss scale) and zero-size slots with data parallelism's
 paths, order and nothing else. :meth:`ShardedOptimizer.checkpoint_variables` lists what the file
 holds: the scalars, and for each slot a :class:`HostValue` of the model variable's shape. Before
-rank 0 saves, :meth:`ShardedOptimizer.collect` (every rank) sends each slot's shards to rank 0 with
-one ``alltoall`` per buffer and slot kind (the other ranks receive nothing); on resume rank 0 reads
+rank 0 saves, :meth:`ShardedOptimizer.collect` (every rank) readies the slots: while rank 0 writes
+the file a variable at a time, each slot's rows come from the ranks' shards a bucket at a time (one
+``alltoall`` per bucket and slot kind, the other ranks receiving nothing and sending the same
+buckets in the same order), so rank 0 never holds the whole optimizer state; on resume rank 0 reads
 the file into the host values and :meth:`ShardedOptimizer.broadcast` sends every rank only its
 slice (``alltoall`` again): a sharded run resumes a data-parallel checkpoint and the other way
 round, at any world size.
@@ -136,6 +138,12 @@ class FlatGroup:
         self.shard = sum(b.shard for b in self.buckets)
         self.padded = self.shard * size
         self.start = rank * self.shard
+        self.rows: list[list[tuple[int, int, int, int, int]]] = [[] for _ in variables]
+        for b, bucket in enumerate(self.buckets):  # variable -> [(bucket, first row, end row, offset, elements)]
+            offset = 0
+            for index, first, end, n in bucket.pieces:
+                self.rows[index].append((b, first, end, offset, n))
+                offset += n
 
     def bucket_flat(self, bucket: Bucket, tensors: list[Any]) -> Any:
         """The bucket's rows of ``tensors`` (None: zeros) flattened, concatenated and zero-padded to
@@ -225,12 +233,16 @@ class HostValue:
     def __init__(self, path: str, shape: tuple[int, ...]) -> None:
         self.path, self.shape, self.value = path, shape, None
         self.name = path.rsplit("/", 1)[-1]
+        self.fetch: Any = None  # on the root while saving: brings this slot's values (collectives)
 
     def numpy(self) -> np.ndarray:
-        """The values (after :meth:`ShardedOptimizer.collect`)."""
-        if self.value is None:
+        """The values: loaded ones, or on the root after :meth:`ShardedOptimizer.collect` this
+        slot's, brought from every rank's shards now (saving asks for one slot after another)."""
+        if self.value is not None:
+            return self.value
+        if self.fetch is None:
             raise RuntimeError(f"{self.path}: the sharded optimizer state was not collected on this rank")
-        return self.value
+        return self.fetch(self)
 
     def assign(self, value: Any) -> None:
         """Keep loaded values until :meth:`ShardedOptimizer.broadcast` shares them out."""
@@ -299,6 +311,8 @@ class ShardedOptimizer:
         shape = {v.path: tuple(int(d) for d in v.shape) for v in variables}
         self._host = {id(slot): (where[ref.path], name, HostValue(slot.path, shape[ref.path]))
                       for ref, name, slot in shell_made}
+        self._host_of = {id(host): (at, name, host) for at, name, host in self._host.values()}
+        self._pending: list[HostValue] = []  # while saving: the slots not yet brought to the root
         slot_ids = {id(slot) for _, _, slot in inner_made}
         shell_scalars = [v for v in optimizer.variables if id(v) not in self._host]
         inner_scalars = [v for v in self.inner.variables if id(v) not in slot_ids]
@@ -373,30 +387,63 @@ class ShardedOptimizer:
             out.setdefault((group, name), [None] * len(self.groups[group].variables))[i] = host
         return out
 
+    def _saved_slots(self) -> list[HostValue]:
+        """The slots' host values in the order the checkpoint file holds them (the order of the
+        collectives that bring them)."""
+        return [v for v in self.checkpoint_variables() if isinstance(v, HostValue)]
+
     def collect(self, root_rank: int = 0) -> None:
-        """Every rank, before ``root_rank`` saves: bring each slot's shards to the root's host values
-        (one ``alltoall`` per buffer and slot kind: the other ranks receive nothing)."""
+        """Every rank, before ``root_rank`` saves. The whole optimizer state never exists at once:
+        the root's :class:`HostValue` s bring each slot's values when the saver asks for them, in
+        the file's order, a bucket at a time (one ``alltoall`` of each rank's slice of a bucket: the
+        other ranks receive nothing), so the root holds one variable's slot and one bucket per slot
+        kind; the other ranks send the same buckets in the same order here."""
         for shell, inner in self.scalars:
             shell.assign(inner)
-        for key, hosts in self._by_slot().items():
-            shard = tf.convert_to_tensor(self.slots[key]) if key in self.slots else None
-            if shard is None:
-                continue
-            splits = [shard.shape[0] if r == root_rank else 0 for r in range(self.size)]
-            whole = shard if self.size == 1 else hvd.alltoall(shard, splits=splits,  # distributed
-                                                              name=self._name("collect"))[0]
-            if self.rank == root_rank:
-                for host, value in zip(hosts, self.groups[key[0]].split_host(whole.numpy())):
-                    if host is not None:
-                        host.value = value.copy()
-            for host in hosts:
-                if host is not None and self.rank != root_rank:
-                    host.value = None
+        self._root, self._received, self._pending = root_rank, {}, self._saved_slots()
+        if self.rank == root_rank:
+            for host in self._pending:
+                host.fetch = self._fetch
+            return
+        while self._pending:
+            self._fetch(self._pending[0])
+
+    def _fetch(self, host: HostValue) -> np.ndarray | None:
+        """The next slot of the file (``host``): its rows from the buckets holding them, each
+        bucket's slices brought to the root by one ``alltoall`` (a collective; the values on the
+        root, None elsewhere)."""
+        if not self._pending or self._pending[0] is not host:
+            raise RuntimeError(f"{host.path}: the sharded optimizer's slots must be saved in the checkpoint's "
+                               f"order (expected {self._pending[0].path if self._pending else 'none'})")
+        self._pending.pop(0)
+        (g, i), name, _ = self._host_of[id(host)]
+        group, slot = self.groups[g], self.slots.get((g, name))
+        root = self.rank == self._root
+        out = np.empty(group.shapes[i] or (1,), dtype=group.dtype.as_numpy_dtype) if root else None
+        for b, first, end, offset, n in group.rows[i]:
+            held = self._received.get((g, name))
+            if held is None or held[0] != b:  # each kind of slot's buckets come in order: one at a time
+                bucket = group.buckets[b]
+                mine = tf.convert_to_tensor(slot)[bucket.offset:bucket.offset + bucket.shard]
+                splits = [bucket.shard if r == self._root else 0 for r in range(self.size)]
+                whole = mine if self.size == 1 else hvd.alltoall(mine, splits=splits,  # distributed
+                                                                 name=self._name("collect"))[0]
+                held = (b, whole.numpy() if root else None)
+                self._received[(g, name)] = held
+            if root:
+                out[first:end] = held[1][offset:offset + n].reshape(end - first, *out.shape[1:])
+        if not self._pending:
+            self._received = {}
+        return out.reshape(group.shapes[i]) if root else None
 
     def release(self) -> None:
-        """Drop the host copies (after saving)."""
+        """After saving (or failing to): drop the host values; on the root, the slots the saver did
+        not ask for are still brought (and dropped), so every rank ran the same collectives."""
+        while getattr(self, "_pending", None):
+            self._fetch(self._pending[0])
+        self._received = {}
         for _, _, host in self._host.values():
-            host.value = None
+            host.value, host.fetch = None, None
 
     def broadcast(self, root_rank: int = 0) -> None:
         """Every rank, after the model variables were broadcast: take this rank's slice of the
