@@ -22,6 +22,12 @@ the line records whether each trained (exit status, last error line)::
 
     python benchmarks/sharded_memory_tf.py fit runs/sharded_tf_fit.jsonl --np 2 --samples 32
 
+``phases``: each mode once with a checkpoint at the end of the epoch, each rank's peak resident
+memory per phase of the run (imports, hvd.init, model and data, prepare, the initial broadcast, the
+first step's trace, the steps, evaluation, the checkpoint's gather and save, rank 0's export)::
+
+    python benchmarks/sharded_memory_tf.py phases runs/sharded_tf_phases.jsonl --np 2 --samples 32 --model bert-base
+
 ``worker`` is what the jobs run.
 """
 
@@ -67,12 +73,75 @@ def nbytes(variables) -> int:
 
 
 
+class PhaseMarks:
+    """Peak resident memory of this process per phase of a run: each :meth:`mark` closes the current
+    phase with its peak RSS (``VmHWM`` since the previous mark), its RSS at the end, ``VmPeak`` then
+    and its seconds, and resets the peak (Linux ``clear_refs``) for the next phase. A phase entered
+    again (the steps after the first) adds to its row."""
+
+    def __init__(self, first: str) -> None:
+        self.rows: list[dict] = []
+        self.phase, self.started = first, time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """End the current phase; ``phase`` begins (nothing happens if it is the current one)."""
+        if phase == self.phase:
+            return
+        now = time.perf_counter()
+        row = {"phase": self.phase, "peak_rss_kib": status_kib("VmHWM"), "rss_end_kib": status_kib("VmRSS"),
+               "vm_peak_kib": vm_peak_kib(), "sec": now - self.started}
+        if self.rows and self.rows[-1]["phase"] == self.phase:
+            last = self.rows[-1]
+            row["peak_rss_kib"] = max(row["peak_rss_kib"], last["peak_rss_kib"])
+            row["sec"] += last["sec"]
+            self.rows[-1] = row
+        else:
+            self.rows.append(row)
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        self.phase, self.started = phase, now
+
+
+def instrument_phases(marks: PhaseMarks) -> None:
+    """Mark the TensorFlow adapter's phases (hvd.init, prepare, the initial broadcast, the first
+    train step: the trace, the steps, evaluation, the checkpoint's gather and save) in ``marks``."""
+    from hvdtrain.tensorflow.adapter import TensorFlowAdapter
+
+    def wrap(name: str, during, after: str | None) -> None:
+        original = getattr(TensorFlowAdapter, name)
+        calls = [0]
+
+        def wrapped(self, *args, **kwargs):
+            marks.mark(during(calls[0]))
+            calls[0] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if after:
+                    marks.mark(after)
+        setattr(TensorFlowAdapter, name, wrapped)
+
+    wrap("init", lambda n: "hvd.init", "model and data built")
+    wrap("prepare", lambda n: "prepare (optimizer state, shards)", "before the broadcast")
+    wrap("broadcast_state", lambda n: "initial broadcast", "before the first step")
+    wrap("train_step", lambda n: "first step (trace)" if n == 0 else "steps", None)
+    wrap("eval_step", lambda n: "evaluation", None)
+    wrap("gather_state", lambda n: "checkpoint gather", "checkpoint save")
+    wrap("save_state", lambda n: "checkpoint save", "after the checkpoint")
+
+
 def worker(out: str, label: str, overrides: list[str]) -> None:
-    """One training run of the BERT recipe (TensorFlow) in this Horovod job; rank 0 appends the line."""
+    """One training run of the BERT recipe (TensorFlow) in this Horovod job; rank 0 appends the line.
+    With ``HVDTRAIN_BENCH_PHASES=1``: each rank's peak RSS per phase (:class:`PhaseMarks`)."""
     import horovod.tensorflow as hvd
 
     import hvdtrain
     from hvdtrain.core.callbacks import Callback
+
+    marks = PhaseMarks("imports") if os.environ.get("HVDTRAIN_BENCH_PHASES") == "1" else None
+    if marks is not None:
+        import tensorflow  # noqa: F401  (in the imports' phase)
+        instrument_phases(marks)
+        marks.mark("config")
 
     class StepClock(Callback):
         """Wall time and this process's CPU time at the end of every step; at the start of training
@@ -84,10 +153,15 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
 
         def on_train_begin(self, ctx, info) -> None:
             self.rss_at_start_kib = status_kib("VmRSS")
-            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux: reset the peak RSS)
+            if marks is None:  # (the phases reset the peak at their own marks)
+                Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux: reset the peak RSS)
 
         def on_step_end(self, epoch, step, logs) -> None:
             self.times.append((time.perf_counter(), cpu_seconds()))
+
+        def on_epoch_end(self, epoch, record) -> None:
+            if marks is not None:
+                marks.mark("export")  # next: the recipe's export on rank 0 (on_train_end)
 
     recipe = hvdtrain.get_recipe("bert-finetune")
     config = hvdtrain.load_config(recipe.defaults, overrides=overrides, recipe="bert-finetune",
@@ -96,6 +170,8 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
     trainer = hvdtrain.Trainer(config, callbacks=[clock])
     started = time.perf_counter()
     result = trainer.fit()
+    if marks is not None:
+        marks.mark("end")
     adapter = trainer.adapter
     params = nbytes(adapter.trainable)
     if adapter.sharded is None:
@@ -110,7 +186,7 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
     mine = {"rank": hvd.rank(), "param_bytes": params, "grad_bytes": grads, "optimizer_bytes": optimizer,
             "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "vm_peak_kib": vm_peak_kib(),
             "cpu_sec_per_step": cpu_per_step, "rss_at_train_start_kib": clock.rss_at_start_kib,
-            "train_peak_rss_kib": status_kib("VmHWM")}
+            "train_peak_rss_kib": status_kib("VmHWM"), "phases": marks.rows if marks is not None else None}
     everyone = hvd.allgather_object(mine)  # distributed
     if hvd.rank() == 0:
         global_batch = config.train.batch_size * hvd.size()
@@ -124,13 +200,15 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
 
 
 def launch(out: Path, label: str, overrides: list[str], np_: int, limit_kib: int | None = None,
-           timeout: float = 3600) -> subprocess.CompletedProcess:
-    """A real ``horovodrun --gloo`` job running :func:`worker` (each worker under ``prlimit --as``)."""
+           timeout: float = 3600, phases: bool = False) -> subprocess.CompletedProcess:
+    """A real ``horovodrun --gloo`` job running :func:`worker` (each worker under ``prlimit --as``;
+    ``phases``: each rank's peak RSS per phase)."""
     command = [str(BIN / "python"), __file__, "worker", str(out), label, *overrides]
     if limit_kib is not None:
         command = [shutil.which("prlimit"), f"--as={limit_kib * 1024}", *command]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "HVDTRAIN_BENCH_PHASES": "1" if phases else "0"}
     return subprocess.run([str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *command],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
@@ -151,6 +229,34 @@ def measure(args: argparse.Namespace) -> None:
             job = launch(Path(args.out), f"{mode}-np{args.np}-r{round_ + 1}", _overrides(args, mode, output), args.np)
             if job.returncode:
                 sys.exit(f"{mode}: the job failed ({job.returncode}):\n{job.stdout[-3000:]}\n{job.stderr[-3000:]}")
+
+
+def phases(args: argparse.Namespace) -> None:
+    """Each mode once (``--modes``) with a checkpoint at the epoch's end, each rank's peak RSS per
+    phase (:class:`PhaseMarks`) appended to OUT and printed as a table (MiB, rank 0 / rank 1 ...)."""
+    if args.model == "bert-base":
+        args.model = str(bert_base_dir(Path(args.work) / "bert-base-sized"))
+    out = Path(args.out)
+    for mode in args.modes.split(","):
+        output = Path(args.work) / f"phases-{mode}"
+        shutil.rmtree(output, ignore_errors=True)
+        overrides = [*_overrides(args, mode, output), "checkpoint.enabled=true"]
+        job = launch(out, f"phases-{mode}-np{args.np}", overrides, args.np, phases=True)
+        if job.returncode:
+            sys.exit(f"{mode}: the job failed ({job.returncode}):\n{job.stdout[-3000:]}\n{job.stderr[-3000:]}")
+        print_phases(json.loads(out.read_text().splitlines()[-1]), mode)
+
+
+def print_phases(row: dict, mode: str) -> None:
+    """One ``phases`` line as a table."""
+    print(f"{mode}: phase, peak RSS MiB per rank (RSS at its end), VmPeak MiB per rank, seconds (rank 0)")
+    names = list(dict.fromkeys(p["phase"] for r in row["ranks"] for p in r["phases"]))
+    for name in names:  # (rank 0 alone saves the checkpoint)
+        per_rank = [next((p for p in r["phases"] if p["phase"] == name), None) for r in row["ranks"]]
+        rss = " / ".join(f"{p['peak_rss_kib'] / 1024:,.0f} ({p['rss_end_kib'] / 1024:,.0f})" if p else "-"
+                         for p in per_rank)
+        vm = " / ".join(f"{p['vm_peak_kib'] / 1024:,.0f}" if p else "-" for p in per_rank)
+        print(f"  {name:<34} {rss}   {vm}   {(per_rank[0] or per_rank[-1])['sec']:.1f}")
 
 
 def bert_base_dir(directory: Path) -> Path:
@@ -250,12 +356,13 @@ def main() -> None:
         worker(sys.argv[2], sys.argv[3], sys.argv[4:])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("measure", "fit", "summary"))
+    parser.add_argument("what", choices=("measure", "fit", "summary", "phases"))
     parser.add_argument("out", help="JSON lines file the results are appended to")
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES), help="measure: these modes, comma-separated")
-    parser.add_argument("--model", default=None, help="model folder (measure: the embedded MiniLM by default)")
+    parser.add_argument("--model", default=None, help="model folder (measure: the embedded MiniLM by default; "
+                        "phases: 'bert-base' for the BERT-base-sized model fit uses)")
     parser.add_argument("--samples", type=int, default=64, help="training samples (steps = samples / np / batch)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--limit-mb", type=int, default=None, help="fit: this address-space limit per worker")
@@ -263,7 +370,7 @@ def main() -> None:
     parser.add_argument("--work", default="runs/sharded_memory_tf", help="scratch folder for outputs and the model")
     args = parser.parse_args()
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    {"measure": measure, "fit": fit, "summary": summary}[args.what](args)
+    {"measure": measure, "fit": fit, "summary": summary, "phases": phases}[args.what](args)
 
 
 if __name__ == "__main__":
