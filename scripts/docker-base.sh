@@ -15,6 +15,10 @@ docker="${DOCKER:-docker}"
 say() { printf '[hvdtrain docker] %s\n' "$*" >&2; }
 die() { printf '[hvdtrain docker] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# One debootstrap at a time (the Docker test modules build side by side): a second caller waits,
+# then finds the image the first one imported.
+{ exec 9>>"${HVDTRAIN_DOCKER_LOCK:-/tmp/hvdtrain-docker-setup.lock}.base"; } 2>/dev/null || exec 9</dev/null
+flock 9
 if "$docker" image inspect "$image" >/dev/null 2>&1; then
   say "base image $image is present"
   exit 0

@@ -16,6 +16,10 @@ die() { printf '[hvdtrain docker] ERROR: %s\n' "$*" >&2; exit 1; }
 
 engine_up() { local c; for c in docker /usr/bin/docker; do command -v "$c" >/dev/null && timeout 20 "$c" info >/dev/null 2>&1 && return 0; done; return 1; }
 
+# One installer and one dockerd at a time: the Docker test modules start side by side on a machine
+# without Docker (a fresh CI machine), and two apt-get runs at once fail on dpkg's lock.
+{ exec 9>>"${HVDTRAIN_DOCKER_LOCK:-/tmp/hvdtrain-docker-setup.lock}"; } 2>/dev/null || exec 9</dev/null
+flock 9
 if ! engine_up; then
   dockerd="$(command -v dockerd || echo /usr/sbin/dockerd)"
   if [[ ! -x "$dockerd" ]]; then
@@ -27,10 +31,11 @@ if ! engine_up; then
   fi
   [[ "$(id -u)" == 0 ]] || die "dockerd is installed but not running, and starting it needs root"
   say "starting dockerd (log: /var/log/hvdtrain-dockerd.log)"
-  nohup "$dockerd" >/var/log/hvdtrain-dockerd.log 2>&1 &
+  nohup "$dockerd" >/var/log/hvdtrain-dockerd.log 2>&1 9>&- &
   for _ in $(seq 60); do engine_up && break; sleep 1; done
   engine_up || die "dockerd did not come up within 60 s (see /var/log/hvdtrain-dockerd.log)"
 fi
+flock -u 9
 
 for client in docker /usr/bin/docker; do
   command -v "$client" >/dev/null || continue
