@@ -5,17 +5,18 @@ The model's trainable variables are laid out in flat buffers, one per group of v
 recipe's optimizer treats alike (same dtype, weight decay or not, the same learning-rate factor),
 each cut into buckets of about :data:`BUCKET_ELEMENTS` at the variables' rows, each bucket
 zero-padded to a multiple of the world size ``N`` (:class:`FlatGroup`). Rank ``r`` owns the
-``r``-th ``1/N`` slice of every bucket, the slices of a group one after the other in a shard
-variable, and a Keras optimizer of the recipe optimizer's class and configuration is built over the
+``r``-th ``1/N`` slice of every bucket, each slice a shard variable of its own (the update's
+temporaries are a bucket's, not a whole buffer's), and a Keras optimizer of the recipe optimizer's class and configuration is built over the
 shard variables only, so its slots (momentum, Adam's moments) are ``1/N`` of data parallelism's.
 One update, inside the adapter's ``tf.function`` step (graph ops only):
 
 1. :class:`ShardedExchange` (the run's gradient exchange) flattens the local gradients a bucket at
    a time and either averages each bucket with an allreduce and keeps this rank's slice
    (``optimizer``), or reduce-scatters it so that only this rank's averaged slice ever exists
-   (``gradients``); a bucket's gradients are freed once its collective has them, so the step
-   never holds a second whole-model-sized gradient buffer (one whole-buffer collective did: ZeRO-2
-   then peaked above data parallelism);
+   (``gradients``); a bucket is flattened once the bucket two before it has its slice and a
+   bucket's gradients are freed once its collective has them, so the step never holds a second
+   whole-model-sized gradient buffer (one whole-buffer collective did: ZeRO-2 then peaked above
+   data parallelism);
 2. the adapter unscales (fp16 loss scaling), asks :meth:`ShardedOptimizer.global_norm` for the norm
    of the whole gradient (this rank's sum of squares, summed across ranks: one scalar allreduce, so
    the finite check and global-norm clipping agree on every rank), clips, and applies the shard
@@ -286,18 +287,22 @@ class ShardedOptimizer:
         for v in variables:  # variables the optimizer treats alike share a buffer
             kinds.setdefault((str(v.dtype), bool(optimizer._use_weight_decay(v)), factor(v)), []).append(v)
         self.groups = [FlatGroup(vs, self.size, self.rank) for vs in kinds.values()]
-        self.shards = [keras.Variable(g.mine(g.flatten(list(g.variables))), dtype=g.dtype.name,
-                                      name=f"zero_shard_{i}") for i, g in enumerate(self.groups)]
+        #: (group, bucket) of each shard variable: this rank's slice of every bucket is a variable of
+        #: its own, so the shard optimizer's update (and its temporaries) works a bucket at a time
+        self.where = [(g, b) for g, group in enumerate(self.groups) for b in range(len(group.buckets))]
+        self.shards = [keras.Variable(self._my_slice(g, b), dtype=self.groups[g].dtype.name, name=f"zero_shard_{g}_{b}")
+                       for g, b in self.where]
         self.inner = type(optimizer).from_config(optimizer.get_config())
         for key in EXTRA_HYPERPARAMETERS:
             if hasattr(optimizer, key):
                 setattr(self.inner, key, getattr(optimizer, key))
-        no_decay = [s for s, (_, decay, _) in zip(self.shards, kinds) if not decay]
+        kind = list(kinds)
+        no_decay = [s for s, (g, _) in zip(self.shards, self.where) if not kind[g][1]]
         if no_decay:
             self.inner.exclude_from_weight_decay(var_list=no_decay)
-        for shard, (_, _, lr_factor) in zip(self.shards, kinds):
-            if lr_factor != 1.0:
-                self.inner.set_lr_factor([shard], lr_factor)
+        for shard, (g, _) in zip(self.shards, self.where):
+            if kind[g][2] != 1.0:
+                self.inner.set_lr_factor([shard], kind[g][2])
         inner_made: list = []
         with _recording(self.inner, inner_made, stand_ins=False):
             self.inner.build(self.shards)
@@ -306,7 +311,8 @@ class ShardedOptimizer:
             outer.build([_StandIn(v) for v in variables])
         self.slot_names = sorted({name for _, name, _ in inner_made})
         index = {id(s): i for i, s in enumerate(self.shards)}
-        self.slots = {(index[id(ref)], name): slot for ref, name, slot in inner_made}  # (group, name) -> shard slot
+        self.slots = {(*self.where[index[id(ref)]], name): slot  # (group, bucket, name) -> the bucket slice's slot
+                      for ref, name, slot in inner_made}
         where = {v.path: (g, i) for g, group in enumerate(self.groups) for i, v in enumerate(group.variables)}
         shape = {v.path: tuple(int(d) for d in v.shape) for v in variables}
         self._host = {id(slot): (where[ref.path], name, HostValue(slot.path, shape[ref.path]))
@@ -342,14 +348,12 @@ class ShardedOptimizer:
         time (a collective each; each waits for the previous bucket's assignments, so one bucket's
         gathered values exist at a time)."""
         previous: list[Any] = []
-        for g, (group, shard) in enumerate(zip(self.groups, self.shards)):
-            value = tf.convert_to_tensor(shard)
-            for b, bucket in enumerate(group.buckets):
-                with tf.control_dependencies(previous):
-                    mine = tf.identity(value[bucket.offset:bucket.offset + bucket.shard])
-                whole = mine if self.size == 1 else hvd.allgather(  # distributed
-                    mine, name=f"hvdtrain.zero.params.{g}.{b}")
-                previous = group.assign_bucket(bucket, whole)
+        for (g, b), shard in zip(self.where, self.shards):
+            with tf.control_dependencies(previous):
+                mine = tf.identity(tf.convert_to_tensor(shard))
+            whole = mine if self.size == 1 else hvd.allgather(  # distributed
+                mine, name=f"hvdtrain.zero.params.{g}.{b}")
+            previous = self.groups[g].assign_bucket(self.groups[g].buckets[b], whole)
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate the schedule set: into the shard optimizer (and the recipe's, saved)."""
@@ -357,10 +361,17 @@ class ShardedOptimizer:
 
     # -- parameters and state, eagerly --------------------------------------------------------------
 
+    def _my_slice(self, g: int, b: int) -> Any:
+        """This rank's slice of bucket ``b`` of group ``g`` of the model variables (one bucket's
+        flat copy at a time, eagerly)."""
+        group = self.groups[g]
+        bucket = group.buckets[b]
+        return group.bucket_flat(bucket, list(group.variables))[self.rank * bucket.shard:(self.rank + 1) * bucket.shard]
+
     def take_parameters(self) -> None:
         """Each shard's values from the model variables (after they were loaded or broadcast)."""
-        for group, shard in zip(self.groups, self.shards):
-            shard.assign(group.mine(group.flatten(list(group.variables))))
+        for (g, b), shard in zip(self.where, self.shards):
+            shard.assign(self._my_slice(g, b))
 
     def checkpoint_variables(self) -> list[Any]:
         """What ``optimizer.npz`` holds, in data parallelism's order: the recipe optimizer's real
@@ -382,7 +393,7 @@ class ShardedOptimizer:
     def _by_slot(self) -> dict[tuple[int, str], list[HostValue | None]]:
         """``(group, slot name) -> [host value of each of the group's variables]``."""
         out: dict[tuple[int, str], list[HostValue | None]] = {
-            key: [None] * len(self.groups[key[0]].variables) for key in self.slots}
+            (g, name): [None] * len(self.groups[g].variables) for g, _, name in self.slots}
         for (group, i), name, host in self._host.values():
             out.setdefault((group, name), [None] * len(self.groups[group].variables))[i] = host
         return out
@@ -417,14 +428,14 @@ class ShardedOptimizer:
                                f"order (expected {self._pending[0].path if self._pending else 'none'})")
         self._pending.pop(0)
         (g, i), name, _ = self._host_of[id(host)]
-        group, slot = self.groups[g], self.slots.get((g, name))
+        group = self.groups[g]
         root = self.rank == self._root
         out = np.empty(group.shapes[i] or (1,), dtype=group.dtype.as_numpy_dtype) if root else None
         for b, first, end, offset, n in group.rows[i]:
             held = self._received.get((g, name))
             if held is None or held[0] != b:  # each kind of slot's buckets come in order: one at a time
                 bucket = group.buckets[b]
-                mine = tf.convert_to_tensor(slot)[bucket.offset:bucket.offset + bucket.shard]
+                mine = tf.convert_to_tensor(self.slots[(g, b, name)])
                 splits = [bucket.shard if r == self._root else 0 for r in range(self.size)]
                 whole = mine if self.size == 1 else hvd.alltoall(mine, splits=splits,  # distributed
                                                                  name=self._name("collect"))[0]
@@ -468,8 +479,9 @@ class ShardedOptimizer:
                     flat, splits = np.zeros(0, dtype=group.dtype.as_numpy_dtype), [0] * self.size
                 mine = flat if self.size == 1 else hvd.alltoall(tf.constant(flat), splits=splits,  # distributed
                                                                 name=self._name("scatter"))[0]
-                if key in self.slots:
-                    self.slots[key].assign(mine)
+                for b, bucket in enumerate(group.buckets):  # this rank's shard: its bucket slices in order
+                    if (key[0], b, key[1]) in self.slots:
+                        self.slots[(key[0], b, key[1])].assign(mine[bucket.offset:bucket.offset + bucket.shard])
         self.release()
 
 
@@ -477,7 +489,7 @@ class ShardedExchange(Stateless):
     """The sharded optimizer's gradient exchange: each bucket of the flat gradient buffers averaged
     with an allreduce of which this rank keeps its slice (``optimizer``, ZeRO-1), or
     reduce-scattered (``gradients``, ZeRO-2); optional float16 on the wire. Returns this rank's
-    averaged slice of each group's buffer.
+    averaged slice of each bucket, in the order of :attr:`ShardedOptimizer.shards`.
 
     ZeRO-2 reduce-scatters on GPUs (NCCL's reduce-scatter moves half an allreduce's bytes). Without
     a GPU it averages each bucket by allreduce too and keeps its slice, as the torch exchange does:
@@ -485,25 +497,32 @@ class ShardedExchange(Stateless):
     (``benchmarks/reducescatter_cost_tf.py``), and the memory is the same, because a bucket's whole
     average lives only inside the step. ``by_allreduce`` (None: by device) forces either way."""
 
+    #: A bucket is flattened once the bucket this many before it has its slice: at most about this
+    #: many buckets' flat gradients and averages exist at a time (without the chain the graph
+    #: flattened every bucket at once, a second whole-model-sized buffer; a slice is a copy, since a
+    #: view would keep its bucket's whole average alive until the update).
+    WINDOW = 2
+
     def __init__(self, sharded: ShardedOptimizer, variables: list[Any], compression: Any) -> None:
         self.sharded, self.compression = sharded, compression
         self.position = {id(v): i for i, v in enumerate(variables)}  # the order of the gradients reduce() gets
         self.by_allreduce: bool | None = None
 
     def reduce(self, grads: list[Any]) -> list[Any]:
-        """This rank's slice of every averaged flat buffer, a bucket at a time (a collective each:
-        each bucket's gradients can be freed once its slice exists; graph ops)."""
+        """This rank's slice of every averaged bucket, a bucket at a time (a collective each: each
+        bucket's gradients can be freed once its slice exists; graph ops)."""
         sharded = self.sharded
         fp16 = self.compression is hvd.Compression.fp16
         grads = [tf.convert_to_tensor(g) if g is not None else None for g in grads]  # sparse: dense once
         by_allreduce = sharded.mode == "optimizer" or (
             self.by_allreduce if self.by_allreduce is not None else not tf.config.list_logical_devices("GPU"))
-        out = []
+        out: list[Any] = []
         for g, group in enumerate(sharded.groups):
             tensors = [grads[self.position[id(v)]] for v in group.variables]
-            mine = []
             for b, bucket in enumerate(group.buckets):
-                flat = group.bucket_flat(bucket, tensors)
+                before = [out[len(out) - self.WINDOW]] if len(out) >= self.WINDOW else []
+                with tf.control_dependencies(before):
+                    flat = group.bucket_flat(bucket, tensors)
                 if sharded.size > 1:
                     wire = tf.cast(flat, tf.float16) if fp16 else flat
                     name = f"hvdtrain.zero.grads.{g}.{b}"
@@ -511,8 +530,8 @@ class ShardedExchange(Stateless):
                         flat = hvd.reducescatter(wire, op=hvd.Average, name=name)  # distributed
                     else:
                         whole = hvd.allreduce(wire, op=hvd.Average, name=name)  # distributed
-                        flat = whole[sharded.rank * bucket.shard:(sharded.rank + 1) * bucket.shard]
+                        # a copy of the slice: a view would keep the bucket's whole average alive until the end
+                        flat = tf.raw_ops.DeepCopy(x=whole[sharded.rank * bucket.shard:(sharded.rank + 1) * bucket.shard])
                     flat = tf.cast(flat, group.dtype) if fp16 else flat
-                mine.append(flat)
-            out.append(tf.concat(mine, axis=0) if len(mine) > 1 else mine[0])
+                out.append(flat)
         return out

@@ -41,7 +41,7 @@ def test_the_file_is_what_np_savez_wrote(tmp_path):
 @pytest.fixture
 def optimizer(monkeypatch):
     """A sharded AdamW (size 1) over a two-layer model in buckets of 16 elements (a kernel cut at its
-    rows), after one update: its slots are not zero."""
+    rows, each bucket's slice a shard variable), after one update: its slots are not zero."""
     monkeypatch.setenv("HOROVOD_CONTROLLER", "gloo")  # a single process without horovodrun (MPI's singleton
     monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "gloo")  # start fails without mpirun's helpers here)
     hvd.init()
@@ -49,6 +49,7 @@ def optimizer(monkeypatch):
     model = keras.Sequential([keras.Input((7,)), keras.layers.Dense(5), keras.layers.Dense(3)])
     recipe = keras.optimizers.AdamW(learning_rate=0.1, weight_decay=0.01)
     zero = sharded.ShardedOptimizer(recipe, recipe, model.trainable_variables, "optimizer")
+    assert len(zero.shards) == sum(len(g.buckets) for g in zero.groups) > len(zero.groups)
     zero.apply([tf.random.stateless_normal(s.shape, seed=(1, i)) for i, s in enumerate(zero.shards)])
     return zero
 
@@ -60,9 +61,11 @@ def test_the_root_brings_each_slot_when_the_saver_asks_in_the_files_order(optimi
     with pytest.raises(RuntimeError, match=f"expected {hosts[0].path}"):
         hosts[1].numpy()
     expected = {}
-    for (g, name), slot in optimizer.slots.items():
-        for i, value in enumerate(optimizer.groups[g].split_host(slot.numpy())):
-            expected[(g, i, name)] = value
+    for g, group in enumerate(optimizer.groups):
+        for name in optimizer.slot_names:  # one process: the whole buffer is the bucket slices in order
+            whole = np.concatenate([optimizer.slots[(g, b, name)].numpy() for b in range(len(group.buckets))])
+            for i, value in enumerate(group.split_host(whole)):
+                expected[(g, i, name)] = value
     for host in hosts:
         (g, i), name, _ = optimizer._host_of[id(host)]
         value = host.numpy()
