@@ -157,8 +157,14 @@ class TensorFlowAdapter(FrameworkAdapter):
         self._gradient_fns: dict[bool, Any] = {}  # per frozen-backbone mode, like the steps
         self._compile_clock = FirstStepClock(compiled.describe(self.compile_mode), hvd.rank())
         self._eval = tf.function(self._eval_step, reduce_retracing=True, autograph=False)
+        # The schedule's learning rate goes into the update step's graph (set_learning_rate records
+        # it) where the optimizer's is a variable: the sharded optimizer sets its own eagerly.
+        lr = self.optimizer.learning_rate
+        self._lr_variable = lr if isinstance(lr, keras.Variable) and self.sharded is None else None
+        self._lr = float(lr.numpy()) if self._lr_variable is not None else None
 
     sharded: ShardedOptimizer | None = None  # parallel.shard_optimizer's, set by prepare()
+    _lr_variable: Any = None  # the optimizer's LR variable the update step assigns (prepare(); None: set eagerly)
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0
 
@@ -251,9 +257,12 @@ class TensorFlowAdapter(FrameworkAdapter):
             self._gradient_fns[self._frozen] = compiled.gradient_function(self._gradients, self.compile_mode)
         return self._gradient_fns[self._frozen](inputs, targets, weight)
 
-    def _apply_step(self, inputs: Any, targets: Any, weight: Any) -> Any:
-        """One update, inside ``tf.function``: local gradients (plus the accumulated ones), the
-        exchange's ``reduce``, the update, the exchange's ``after_update``."""
+    def _apply_step(self, inputs: Any, targets: Any, weight: Any, lr: Any = None) -> Any:
+        """One update, inside ``tf.function``: the learning rate ``lr`` (when given) into the
+        optimizer's variable, local gradients (plus the accumulated ones), the exchange's
+        ``reduce``, the update, the exchange's ``after_update``."""
+        if lr is not None:
+            self._lr_variable.assign(lr)
         loss, grads = self._local_gradients(inputs, targets, weight)
         if self.accumulators:
             grads = [a + tf.convert_to_tensor(g) for a, g in zip(self.accumulators, grads)]
@@ -323,6 +332,14 @@ class TensorFlowAdapter(FrameworkAdapter):
         global_seed_generator().state.assign(np.asarray([seed, 0], dtype=np.int64))
 
     def set_learning_rate(self, lr: float) -> None:
+        """The schedule's LR for the next update. Data parallelism (the optimizer's LR a variable)
+        records it, and the update's traced step assigns it inside its graph: Keras's setter, an
+        eager assignment at every step, cost about 0.5 ms of the main thread per step (measured
+        with ``benchmarks/workers/overhead.py``, 2 ranks on 2 loaded cores). The sharded optimizer,
+        pipeline stages and an LR schedule object are set here, as before."""
+        if self._lr_variable is not None:
+            self._lr = float(lr)
+            return
         self.optimizer.learning_rate = lr
         if self.sharded is not None:
             self.sharded.set_learning_rate(lr)
@@ -342,14 +359,21 @@ class TensorFlowAdapter(FrameworkAdapter):
         train_apply, train_accumulate = self._step_functions()
         step = train_apply if apply_update or not self.accumulators else train_accumulate
         weight = tf.constant(1.0 / self.accumulation if weight is None else weight, dtype=tf.float32)
+        args = [_as_tensor(inputs), tf.convert_to_tensor(targets), weight]
+        if step is train_apply and self._lr_variable is not None:
+            args.append(tf.constant(self._lr, dtype=self._lr_variable.dtype))
         self._compile_clock.start()  # train.compile: the first step compiles, timed
-        loss, applied = step(_as_tensor(inputs), tf.convert_to_tensor(targets), weight)
+        loss, applied = step(*args)
         self._compile_clock.stop()
-        if apply_update and not bool(applied):  # one host sync per update: train.nonfinite needs it
+        if not apply_update:
+            return loss
+        if not bool(applied):  # one host sync per update: train.nonfinite needs it
             if self.nonfinite == "error" and not self.loss_scaling:
                 raise NonFiniteGradientError(f"the allreduced gradient is not finite (loss on this rank {float(loss)})")
             self.skipped_updates += 1  # with fp16 loss scaling: an overflow the scaler skipped
-        return loss
+        # The step's result has been read: the loss as a NumPy scalar costs nothing more, and the
+        # loop's running sums stay Python arithmetic instead of two eager TensorFlow operations.
+        return loss.numpy()
 
     def eval_step(self, inputs: Any, targets: Any) -> dict[str, Any]:
         return dict(self._eval(_as_tensor(inputs), tf.convert_to_tensor(targets)))

@@ -50,3 +50,14 @@ def test_torch_adapter_equals_one_process_on_the_global_batch(reports, name):
 def test_tensorflow_takes_the_same_updates_as_torch(reports, name):
     # float32 rounding only: the Keras optimizers take torch's formulas (hvdtrain/tensorflow/adapter.py)
     _close(reports["tensorflow"]["adapter"][name], reports["torch"]["reference"][name], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.distributed
+def test_tensorflow_update_step_leaves_the_set_learning_rate_in_the_optimizer_and_returns_a_numpy_loss(reports):
+    # set_learning_rate only records the LR; the update's traced step assigns it (no eager op per step)
+    report = reports["tensorflow"]
+    assert set(report["optimizer_lr"]) == {"sgd", "adam", "adamw"}
+    for name, pairs in report["optimizer_lr"].items():
+        assert [got for _, got in pairs] == [float(np.float32(lr)) for lr, _ in pairs], name
+    # an update step has read its result (the finite check): its loss comes back as a NumPy scalar
+    assert set(report["loss_types"]) == {"numpy.float32"}

@@ -149,15 +149,19 @@ def tensorflow_side():
     def weights(m):
         return [np.asarray(m.layers[0].kernel).T.tolist(), np.asarray(m.layers[0].bias).tolist()]
 
-    report = {"rank": ctx.rank, "adapter": {}}
+    report = {"rank": ctx.rank, "adapter": {}, "optimizer_lr": {}, "loss_types": []}
     for name, overrides in OPTIMIZERS.items():
-        m, history = through_adapter(overrides), []
+        m, history, lrs = through_adapter(overrides), [], []
         for lr, idx in zip(LRS, global_batches(ctx.size)):
             mine = idx.reshape(ctx.size, PER_RANK)[ctx.rank]
             adapter.set_learning_rate(lr)
-            adapter.train_step(X[mine], Y[mine], apply_update=True)
+            step_loss = adapter.train_step(X[mine], Y[mine], apply_update=True)
             history.append(weights(m))
+            # the step assigned the LR inside its graph: the optimizer's variable (checkpointed) holds it
+            lrs.append([lr, float(adapter.optimizer.learning_rate.numpy())])
+            report["loss_types"].append(f"{type(step_loss).__module__}.{type(step_loss).__name__}")
         report["adapter"][name] = history
+        report["optimizer_lr"][name] = lrs
     m, history = through_adapter(["optim.name=sgd", "optim.momentum=0.0"], accumulation=2), []
     adapter.set_learning_rate(0.5)
     for window in window_batches(ctx.size):
