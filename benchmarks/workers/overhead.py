@@ -8,6 +8,9 @@ them alike; each side's time is its own steps only (hvdtrain's step i is the tim
 of the callback after step i-1 to the end of step i: data, LR, hooks and logging included).
 Rounds alternate hvdtrain's comm.overlap between its default (``auto``) and ``always``, or with
 ``--vary KEY=A,B`` any other setting (each round records ``vary``: the ``KEY=VALUE`` in force).
+Each round also records, per rank and side (``detail``), the wall and CPU time per timed step (the
+process's, all threads, and the main thread's) and the garbage collector's pauses inside them:
+what separates work a side adds from time it waits (for the other rank, or for a core).
 
     horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 10 --ddp
     horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 10 --ddp \
@@ -17,6 +20,7 @@ Rounds alternate hvdtrain's comm.overlap between its default (``auto``) and ``al
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import tempfile
@@ -32,21 +36,58 @@ TUNING = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPAC
 
 
 class Interleave(hvdtrain.Callback):
-    """After each hvdtrain step, one step of every other side; records everyone's step times."""
+    """After each hvdtrain step, one step of every other side; records everyone's step times, the
+    CPU time of this process during each side's steps (all its threads: the prefetch and Horovod
+    threads too) and the garbage collector's pauses that fell inside each side's steps."""
 
     def __init__(self, others: dict):
         self.others = others
-        self.times: dict[str, list[float]] = {"hvdtrain": [], **{name: [] for name in others}}
-        self.resumed = time.perf_counter()
+        sides = ["hvdtrain", *others]
+        self.times: dict[str, list[float]] = {name: [] for name in sides}
+        self.cpu: dict[str, list[float]] = {name: [] for name in sides}
+        self.main_cpu: dict[str, list[float]] = {name: [] for name in sides}  # this (the main) thread's only
+        self.gc_pauses: dict[str, list[tuple[int, int, float]]] = {name: [] for name in sides}  # (step, gen, s)
+        self.side = "hvdtrain"
+        self._gc_started = 0.0
+        self.resumed, self.resumed_cpu, self.resumed_main = time.perf_counter(), time.process_time(), time.thread_time()
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        """``gc.callbacks`` entry: the pause, charged to the side whose step is running."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            step = len(self.times[self.side])  # the step of that side now running
+            self.gc_pauses[self.side].append((step, info["generation"], time.perf_counter() - self._gc_started))
 
     def on_step_end(self, epoch, step, logs):
         self.times["hvdtrain"].append(time.perf_counter() - self.resumed)
+        self.cpu["hvdtrain"].append(time.process_time() - self.resumed_cpu)
+        self.main_cpu["hvdtrain"].append(time.thread_time() - self.resumed_main)
         names = list(self.others) if step % 2 == 0 else list(self.others)[::-1]
         for name in names:
-            started = time.perf_counter()
+            self.side = name
+            started, started_cpu, started_main = time.perf_counter(), time.process_time(), time.thread_time()
             next(self.others[name])
             self.times[name].append(time.perf_counter() - started)
-        self.resumed = time.perf_counter()
+            self.cpu[name].append(time.process_time() - started_cpu)
+            self.main_cpu[name].append(time.thread_time() - started_main)
+        self.side = "hvdtrain"
+        self.resumed, self.resumed_cpu, self.resumed_main = time.perf_counter(), time.process_time(), time.thread_time()
+
+
+def window_detail(clock: Interleave) -> dict:
+    """Per side, over the timed steps (after the first ``SKIP_STEPS``): wall time per step, this
+    process's CPU time per step (all threads, and the main thread's), and the garbage collector's pauses inside them
+    (all, and full collections)."""
+    detail = {}
+    for side, times in clock.cpu.items():
+        timed, main = times[SKIP_STEPS:], clock.main_cpu[side][SKIP_STEPS:]
+        pauses = [(gen, sec) for step, gen, sec in clock.gc_pauses[side] if step >= SKIP_STEPS]
+        wall = clock.times[side][SKIP_STEPS:]
+        detail[side] = {"wall_ms": 1000 * sum(wall) / max(1, len(wall)), "cpu_ms": 1000 * sum(timed) / max(1, len(timed)),
+                        "main_cpu_ms": 1000 * sum(main) / max(1, len(main)), "gc_ms": 1000 * sum(s for _, s in pauses),
+                        "gc_count": len(pauses), "gc_full": sum(1 for gen, _ in pauses if gen == 2)}
+    return detail
 
 
 def main() -> None:
@@ -89,13 +130,24 @@ def main() -> None:
             config = hvdtrain.load_config(None, overrides=overrides,
                                           recipe=common.MEMORY_RECIPE, framework=args.framework)
             clock = Interleave(others)
-            hvdtrain.train(config, callbacks=[clock])
+            gc.callbacks.append(clock.on_gc)
+            try:
+                hvdtrain.train(config, callbacks=[clock])
+            finally:
+                gc.callbacks.remove(clock.on_gc)
             rates = {name: BATCH * len(t[SKIP_STEPS:]) / sum(t[SKIP_STEPS:]) for name, t in clock.times.items()}
-            per_rank = hvd.allgather_object(rates)  # distributed
-            rounds.append({"overlap": overlap, "vary": f"{vary_key}={value}", **{k: sum(p[k] for p in per_rank) / len(per_rank) for k in rates}})
+            per_rank = hvd.allgather_object({"rates": rates, "detail": window_detail(clock)})  # distributed
+            rounds.append({"overlap": overlap, "vary": f"{vary_key}={value}",
+                           **{k: sum(p["rates"][k] for p in per_rank) / len(per_rank) for k in rates},
+                           "detail": [p["detail"] for p in per_rank]})
             if hvd.rank() == 0:
                 print(f"round {r}: " + ", ".join(f"{k} {v}" if isinstance(v, str) else f"{k} {v:.1f}"
-                                                 for k, v in rounds[-1].items()), flush=True)
+                                                 for k, v in rounds[-1].items() if k != "detail"), flush=True)
+                for rank, detail in enumerate(rounds[-1]["detail"]):
+                    print(f"  rank {rank}: " + "; ".join(
+                        f"{side} {d['wall_ms']:.1f} ms/step, CPU {d['cpu_ms']:.1f} (main thread {d['main_cpu_ms']:.1f}), "
+                        f"gc {d['gc_ms']:.1f} ms ({d['gc_count']} pauses, {d['gc_full']} full)"
+                        for side, d in detail.items()), flush=True)
     if hvd.rank() == 0:
         common.write_json(args.out, {"framework": args.framework, "world_size": hvd.size(), "samples": args.samples,
                                      "batch": BATCH, "skip_steps": SKIP_STEPS, "rounds": rounds,
