@@ -14,13 +14,16 @@ resident memory then, peak virtual size (``VmPeak``), samples/s and CPU-seconds 
     python benchmarks/sharded_memory_tf.py measure runs/sharded_tf.jsonl --np 2
 
 ``fit``: a BERT-base-sized model (hidden 768, 12 layers, random weights written from a
-``transformers.BertConfig``, the MiniLM's real tokenizer) under a per-process address-space limit
-(``prlimit --as``, on each worker): the limit is set halfway between the two modes' unlimited
-``VmPeak`` (measured first, each mode once: the probes are kept in ``WORK/probe.jsonl`` and reused;
-or ``--limit-mb``), then data parallelism and ``--mode`` (``optimizer`` by default) run under it;
-the line records whether each trained (exit status, last error line)::
+``transformers.BertConfig``, the MiniLM's real tokenizer) under a per-process limit, then data
+parallelism and ``--mode`` (``optimizer`` by default) run under it; the line records whether each
+trained (exit status, each rank's last phase: where a killed rank died, the last error line, with
+``--cgroup`` each worker's cgroup peak and OOM kills). The limit: with ``--cgroup`` each worker's
+resident memory (a memory cgroup of its own, ``--limit-mb``; TensorFlow reserves address space far
+beyond what it touches, so this is the limit that means memory); else its address space
+(``prlimit --as``), by default halfway between the two modes' unlimited ``VmPeak`` (measured first,
+each mode once, kept in ``WORK/probe.jsonl`` and reused). The TensorFlow model that did not fit::
 
-    python benchmarks/sharded_memory_tf.py fit runs/sharded_tf_fit.jsonl --np 2 --samples 32
+    python benchmarks/sharded_memory_tf.py fit runs/sharded_tf_fit.jsonl --np 4 --samples 64 --mode gradients --cgroup --limit-mb 3600
 
 ``phases``: each mode once with a checkpoint at the end of the epoch, each rank's peak resident
 memory per phase of the run (imports, hvd.init, model and data, prepare, the initial broadcast, the
@@ -73,6 +76,10 @@ def nbytes(variables) -> int:
 
 
 
+PHASE_LINE = "sharded_memory_tf phase"  # what a worker prints as each phase begins (the log: where it died)
+CGROUP_LINE = "sharded_memory_tf cgroup"  # the memory cgroup's figures after a limited worker's end
+
+
 class PhaseMarks:
     """Peak resident memory of this process per phase of a run: each :meth:`mark` closes the current
     phase with its peak RSS (``VmHWM`` since the previous mark), its RSS at the end, ``VmPeak`` then
@@ -99,6 +106,7 @@ class PhaseMarks:
             self.rows.append(row)
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         self.phase, self.started = phase, now
+        print(f"{PHASE_LINE} rank {os.environ.get('HOROVOD_RANK', '0')}: {phase}", file=sys.stderr, flush=True)
 
 
 def instrument_phases(marks: PhaseMarks) -> None:
@@ -200,17 +208,57 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
 
 
 def launch(out: Path, label: str, overrides: list[str], np_: int, limit_kib: int | None = None,
-           timeout: float = 3600, phases: bool = False) -> subprocess.CompletedProcess:
-    """A real ``horovodrun --gloo`` job running :func:`worker` (each worker under ``prlimit --as``;
-    ``phases``: each rank's peak RSS per phase)."""
+           timeout: float = 3600, phases: bool = False, cgroup: bool = False) -> subprocess.CompletedProcess:
+    """A real ``horovodrun --gloo`` job running :func:`worker`, each worker under ``limit_kib``:
+    ``prlimit --as`` (address space), or with ``cgroup`` a memory cgroup of its own
+    (:func:`run_in_cgroup`: resident memory); ``phases``: each rank's peak RSS per phase."""
     command = [str(BIN / "python"), __file__, "worker", str(out), label, *overrides]
-    if limit_kib is not None:
+    if limit_kib is not None and cgroup:
+        command = [str(BIN / "python"), __file__, "cgroup", str(limit_kib * 1024), *command]
+    elif limit_kib is not None:
         command = [shutil.which("prlimit"), f"--as={limit_kib * 1024}", *command]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            "HVDTRAIN_BENCH_PHASES": "1" if phases else "0"}
     return subprocess.run([str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *command],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def memory_cgroups() -> tuple[Path, str, str]:
+    """This process's memory cgroup folder, its limit file and its peak file: cgroup v2
+    (``memory.max``, ``memory.peak``) or v1 (``memory.limit_in_bytes``, ``memory.max_usage_in_bytes``)."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists():
+        return v1, "memory.limit_in_bytes", "memory.max_usage_in_bytes"
+    return Path("/sys/fs/cgroup"), "memory.max", "memory.peak"
+
+
+def run_in_cgroup(limit_bytes: int, command: list[str]) -> int:
+    """Run ``command`` in a new memory cgroup limited to ``limit_bytes`` (resident memory and page
+    cache: the kernel reclaims the cache first, then the OOM killer ends the process); print the
+    cgroup's peak usage, limit hits and OOM kills; remove the cgroup; the command's exit status
+    (128 + signal when killed)."""
+    root, limit_file, peak_file = memory_cgroups()
+    group = root / f"hvdtrain-fit-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / limit_file).write_text(str(limit_bytes))
+        child = subprocess.Popen(command, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        code = child.wait()
+        figures = {"rank": os.environ.get("HOROVOD_RANK"), "limit_bytes": limit_bytes, "exit": code}
+        for name in (peak_file, "memory.failcnt", "memory.oom_control", "memory.events"):
+            if (group / name).exists():  # a number, or "key value" lines (oom_kill: the OOM killer's kills)
+                lines = [line.split() for line in (group / name).read_text().splitlines() if line.strip()]
+                figures[name] = int(lines[0][0]) if len(lines[0]) == 1 else {k: int(v) for k, v in lines}
+        print(f"{CGROUP_LINE} {json.dumps(figures)}", file=sys.stderr, flush=True)
+    finally:
+        for _ in range(50):  # the last task leaves the cgroup asynchronously
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    return code if code >= 0 else 128 - code
 
 
 def _overrides(args: argparse.Namespace, mode: str, output: Path) -> list[str]:
@@ -291,11 +339,15 @@ def _last_error(job: subprocess.CompletedProcess) -> str:
 
 
 def fit(args: argparse.Namespace) -> None:
-    """Data parallelism against ``gradients`` sharding under one per-process address-space limit."""
+    """Data parallelism against ``--mode`` sharding under one per-process limit: address space
+    (``prlimit --as``), or with ``--cgroup`` resident memory (a memory cgroup per worker, the limit
+    ``--limit-mb``); each run's record names every rank's last phase (where a killed rank died)."""
     args.model = args.model or str(bert_base_dir(Path(args.work) / "bert-base-sized"))
     modes = ("none", args.mode)
     out = Path(args.out)
     limit = args.limit_mb * 1024 if args.limit_mb else None
+    if args.cgroup and limit is None:
+        sys.exit("fit --cgroup needs --limit-mb (a resident-memory limit per worker, MiB)")
     peaks = {}
     if limit is None:  # each mode's unlimited peak virtual size first: the limit lies between them
         probe = Path(args.work) / "probe.jsonl"
@@ -310,13 +362,26 @@ def fit(args: argparse.Namespace) -> None:
             row = json.loads(line)
             peaks[row["label"].split("-", 1)[1]] = max(r["vm_peak_kib"] for r in row["ranks"])
         limit = (peaks["none"] + peaks[args.mode]) // 2
-    result = {"label": f"fit-np{args.np}", "model": args.model, "limit_kib": limit, "unlimited_vm_peak_kib": peaks,
-              "runs": {}}
+    result = {"label": f"fit-np{args.np}", "model": args.model, "limit_kib": limit,
+              "limit": "cgroup memory" if args.cgroup else "prlimit --as", "unlimited_vm_peak_kib": peaks,
+              "samples": args.samples, "runs": {}}
     for mode in modes:
+        shutil.rmtree(Path(args.work) / f"fit-{mode}", ignore_errors=True)
         job = launch(Path(args.work) / "fit-runs.jsonl", f"fit-{mode}",
-                     _overrides(args, mode, Path(args.work) / f"fit-{mode}"), args.np, limit_kib=limit)
-        (Path(args.work) / f"fit-{mode}.log").write_text(job.stdout + job.stderr)  # the failure's whole story
+                     _overrides(args, mode, Path(args.work) / f"fit-{mode}"), args.np, limit_kib=limit,
+                     phases=True, cgroup=args.cgroup)
+        log = job.stdout + job.stderr
+        (Path(args.work) / f"fit-{mode}.log").write_text(log)  # the failure's whole story
+        last_phase: dict[str, str] = {}
+        cgroups = []
+        for line in log.splitlines():  # horovodrun prefixes each line with [rank]<stream>:
+            if PHASE_LINE in line:
+                rank, _, phase = line.split(PHASE_LINE + " rank ", 1)[1].partition(": ")
+                last_phase[rank] = phase
+            elif CGROUP_LINE in line:
+                cgroups.append(json.loads(line.split(CGROUP_LINE, 1)[1]))
         result["runs"][mode] = {"returncode": job.returncode, "trained": job.returncode == 0,
+                                "last_phase": last_phase, "cgroups": cgroups,
                                 "last_error": _last_error(job) if job.returncode else ""}
     with open(out, "a") as f:
         f.write(json.dumps(result) + "\n")
@@ -355,6 +420,8 @@ def main() -> None:
     if sys.argv[1:2] == ["worker"]:
         worker(sys.argv[2], sys.argv[3], sys.argv[4:])
         return
+    if sys.argv[1:2] == ["cgroup"]:  # cgroup LIMIT_BYTES COMMAND...: what fit --cgroup runs per worker
+        sys.exit(run_in_cgroup(int(sys.argv[2]), sys.argv[3:]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("measure", "fit", "summary", "phases"))
     parser.add_argument("out", help="JSON lines file the results are appended to")
@@ -365,7 +432,9 @@ def main() -> None:
                         "phases: 'bert-base' for the BERT-base-sized model fit uses)")
     parser.add_argument("--samples", type=int, default=64, help="training samples (steps = samples / np / batch)")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--limit-mb", type=int, default=None, help="fit: this address-space limit per worker")
+    parser.add_argument("--limit-mb", type=int, default=None, help="fit: this limit per worker (MiB)")
+    parser.add_argument("--cgroup", action="store_true",
+                        help="fit: limit each worker's resident memory (a memory cgroup each), not its address space")
     parser.add_argument("--mode", default="optimizer", choices=MODES[1:], help="fit: the sharded mode tried")
     parser.add_argument("--work", default="runs/sharded_memory_tf", help="scratch folder for outputs and the model")
     args = parser.parse_args()
