@@ -41,6 +41,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -244,6 +245,8 @@ def run_in_cgroup(limit_bytes: int, command: list[str]) -> int:
     try:
         (group / limit_file).write_text(str(limit_bytes))
         child = subprocess.Popen(command, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        # horovodrun ends the other workers with SIGTERM when one fails: pass it on, then clean up
+        signal.signal(signal.SIGTERM, lambda signum, frame: child.terminate())
         code = child.wait()
         figures = {"rank": os.environ.get("HOROVOD_RANK"), "limit_bytes": limit_bytes, "exit": code}
         for name in (peak_file, "memory.failcnt", "memory.oom_control", "memory.events"):
