@@ -23,7 +23,8 @@ beyond what it touches, so this is the limit that means memory); else its addres
 (``prlimit --as``), by default halfway between the two modes' unlimited ``VmPeak`` (measured first,
 each mode once, kept in ``WORK/probe.jsonl`` and reused). The TensorFlow model that did not fit::
 
-    python benchmarks/sharded_memory_tf.py fit runs/sharded_tf_fit.jsonl --np 4 --samples 64 --mode gradients --cgroup --limit-mb 3600
+    python benchmarks/sharded_memory_tf.py fit runs/sharded_tf_fit.jsonl --np 4 --samples 64 \
+        --mode gradients --cgroup --limit-mb 3400
 
 ``phases``: each mode once with a checkpoint at the end of the epoch, each rank's peak resident
 memory per phase of the run (imports, hvd.init, model and data, prepare, the initial broadcast, the

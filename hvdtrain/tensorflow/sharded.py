@@ -6,9 +6,9 @@ recipe's optimizer treats alike (same dtype, weight decay or not, the same learn
 each cut into buckets of about :data:`BUCKET_ELEMENTS` at the variables' rows, each bucket
 zero-padded to a multiple of the world size ``N`` (:class:`FlatGroup`). Rank ``r`` owns the
 ``r``-th ``1/N`` slice of every bucket, each slice a shard variable of its own (the update's
-temporaries are a bucket's, not a whole buffer's), and a Keras optimizer of the recipe optimizer's class and configuration is built over the
-shard variables only, so its slots (momentum, Adam's moments) are ``1/N`` of data parallelism's.
-One update, inside the adapter's ``tf.function`` step (graph ops only):
+temporaries are a bucket's, not a whole buffer's), and a Keras optimizer of the recipe optimizer's
+class and configuration is built over the shard variables only, so its slots (momentum, Adam's
+moments) are ``1/N`` of data parallelism's. One update, inside the adapter's ``tf.function`` step (graph ops only):
 
 1. :class:`ShardedExchange` (the run's gradient exchange) flattens the local gradients a bucket at
    a time and either averages each bucket with an allreduce and keeps this rank's slice
@@ -531,7 +531,8 @@ class ShardedExchange(Stateless):
                     else:
                         whole = hvd.allreduce(wire, op=hvd.Average, name=name)  # distributed
                         # a copy of the slice: a view would keep the bucket's whole average alive until the end
-                        flat = tf.raw_ops.DeepCopy(x=whole[sharded.rank * bucket.shard:(sharded.rank + 1) * bucket.shard])
+                        first = sharded.rank * bucket.shard
+                        flat = tf.raw_ops.DeepCopy(x=whole[first:first + bucket.shard])
                     flat = tf.cast(flat, group.dtype) if fp16 else flat
                 out.append(flat)
         return out
