@@ -36,6 +36,6 @@ def test_overhead_rows_use_default_rounds_and_per_round_medians(analyze):
 
 
 def test_overhead_below_target_is_not_met(analyze):
-    rounds = [{"overlap": "auto", "hvdtrain": 95.0, "baseline": 100.0}] * 5
+    rounds = [{"overlap": "auto", "hvdtrain": 98.5, "baseline": 100.0}] * 5  # issue 27's target: 0.99
     (row,) = analyze.overhead(overhead_data(rounds))
-    assert row["ratio"] == pytest.approx(0.95) and row["met"] is False and row["target"] == ">= 0.97"
+    assert row["ratio"] == pytest.approx(0.985) and row["met"] is False and row["target"] == ">= 0.99"
