@@ -3,7 +3,7 @@ memory per rank, throughput, and a model that does not fit one process's memory 
 
 For each model (``minilm``: the bert-finetune recipe's MiniLM; ``bert-base``: a BERT-base-sized
 classifier from ``transformers.BertConfig()``, nothing downloaded), each world size and each round,
-one ``horovodrun --gloo`` launch of benchmarks/workers/sharded_memory.py per mode, interleaved
+one ``horovodrun --gloo`` (or ``--controller mpi``: ``--mpi``) launch of benchmarks/workers/sharded_memory.py per mode, interleaved
 (none, optimizer, gradients, none, ...; AdamW, random token batches). Each launch reports per rank the
 optimizer state bytes, the gradient bytes at the end of the backward pass and after the exchange,
 peak RSS (``ru_maxrss``) and peak virtual size (``VmPeak``), and the global samples/s.
@@ -41,13 +41,18 @@ def _env() -> dict[str, str]:
     return env
 
 
+#: Horovod's controller for the launches (``--controller``): horovodrun's own default is MPI where
+#: Horovod was built with it, as here.
+CONTROLLER = ["--gloo"]
+
+
 def launch(out: Path, np_: int, model: str, mode: str, shape: list[str], limit_kib: int | None = None,
            label: str = "") -> subprocess.CompletedProcess:
     """One horovodrun job of the worker (under ``ulimit -v`` when ``limit_kib`` is given)."""
     worker = [str(BIN / "python"), str(WORKER), str(out), "--model", model, "--mode", mode, "--label", label, *shape]
     if limit_kib is not None:
         worker = ["bash", "-c", f"ulimit -v {limit_kib}; exec " + " ".join(worker)]
-    cmd = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *worker]
+    cmd = [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", *CONTROLLER, *worker]
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=1800)
 
 
@@ -120,16 +125,19 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--fit", action="store_true", help="also the bert-base ulimit -v runs (needs bert-base at 2)")
     parser.add_argument("--limit-kib", type=int, default=None)
+    parser.add_argument("--controller", choices=("gloo", "mpi"), default="gloo",
+                        help="Horovod's controller: horovodrun --gloo or --mpi")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--work", type=Path, default=Path("/tmp/sharded_memory"))
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.rounds, args.steps, args.batch, args.seq = "2", 1, 4, 4, 64
+    CONTROLLER[:] = [f"--{args.controller}"]
     shape = ["--steps", str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq)]
     args.work.mkdir(parents=True, exist_ok=True)
     out = args.work / "launches.jsonl"
     rows = measure(out, args.models.split(","), [int(s) for s in args.sizes.split(",")], args.rounds, shape)
-    result = {"shape": shape, "launches": rows}
+    result = {"shape": shape, "controller": args.controller, "launches": rows}
     if args.fit:
         result["fit"] = fit(out, rows, shape, args.limit_kib)
     print(table(rows))

@@ -209,9 +209,14 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
         print(json.dumps({k: v for k, v in row.items() if k != "ranks"}))
 
 
+#: Horovod's controller for the launches (``--controller``; horovodrun's own default is MPI where
+#: Horovod was built with it, as here).
+CONTROLLER = ["--gloo"]
+
+
 def launch(out: Path, label: str, overrides: list[str], np_: int, limit_kib: int | None = None,
            timeout: float = 3600, phases: bool = False, cgroup: bool = False) -> subprocess.CompletedProcess:
-    """A real ``horovodrun --gloo`` job running :func:`worker`, each worker under ``limit_kib``:
+    """A real ``horovodrun --gloo`` (or ``--mpi``) job running :func:`worker`, each worker under ``limit_kib``:
     ``prlimit --as`` (address space), or with ``cgroup`` a memory cgroup of its own
     (:func:`run_in_cgroup`: resident memory); ``phases``: each rank's peak RSS per phase."""
     command = [str(BIN / "python"), __file__, "worker", str(out), label, *overrides]
@@ -222,7 +227,7 @@ def launch(out: Path, label: str, overrides: list[str], np_: int, limit_kib: int
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
            "HVDTRAIN_BENCH_PHASES": "1" if phases else "0"}
-    return subprocess.run([str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *command],
+    return subprocess.run([str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", *CONTROLLER, *command],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -430,6 +435,8 @@ def main() -> None:
     parser.add_argument("what", choices=("measure", "fit", "summary", "phases"))
     parser.add_argument("out", help="JSON lines file the results are appended to")
     parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--controller", choices=("gloo", "mpi"), default="gloo",
+                        help="Horovod's controller: horovodrun --gloo or --mpi")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES), help="measure: these modes, comma-separated")
     parser.add_argument("--model", default=None, help="model folder (measure: the embedded MiniLM by default; "
@@ -442,6 +449,7 @@ def main() -> None:
     parser.add_argument("--mode", default="optimizer", choices=MODES[1:], help="fit: the sharded mode tried")
     parser.add_argument("--work", default="runs/sharded_memory_tf", help="scratch folder for outputs and the model")
     args = parser.parse_args()
+    CONTROLLER[:] = [f"--{args.controller}"]
     Path(args.work).mkdir(parents=True, exist_ok=True)
     {"measure": measure, "fit": fit, "summary": summary, "phases": phases}[args.what](args)
 

@@ -6,9 +6,12 @@ averaged 1/N slice of one flat gradient buffer, timed interleaved in one job (A,
 * ``reducescatter_whole``: one reduce-scatter of the whole buffer;
 * ``allreduce_slice``: one in-place allreduce of the whole buffer, this rank's slice cloned (the
   CPU exchange now);
+* ``allgather_params``: one allgather of this rank's updated slice into the whole buffer (what
+  ZeRO-1 and ZeRO-2 add to data parallelism's allreduce every update);
 * ``realloc``: allocating the zeroed buffer again (what freeing it after the exchange costs) and
   ``rezero``: zeroing the kept buffer instead.
 
+Run it under each controller (``--gloo``, ``--mpi``): which way is cheaper depends on it.
 Per variant: median wall ms and CPU ms (user+sys of the process, Horovod's threads included; load
 on a shared machine does not distort it) per call, rank 0 printing and writing ``OUT`` (JSON).
 
@@ -59,8 +62,13 @@ def main() -> None:
         hvd.allreduce_(flat, op=hvd.Average, name="bench.allreduce")  # distributed
         return flat[rank * shard:(rank + 1) * shard].clone()
 
+    mine = flat[rank * shard:(rank + 1) * shard].clone()
+
+    def allgather_params() -> torch.Tensor:
+        return hvd.allgather(mine, name="bench.allgather")  # distributed
+
     variants = {"reducescatter_pieces": reducescatter_pieces, "reducescatter_whole": reducescatter_whole,
-                "allreduce_slice": allreduce_slice, "realloc": lambda: torch.zeros(padded),
+                "allreduce_slice": allreduce_slice, "allgather_params": allgather_params, "realloc": lambda: torch.zeros(padded),
                 "rezero": lambda: flat.zero_()}
     wall: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}
@@ -72,11 +80,13 @@ def main() -> None:
             if r:
                 wall[name].append(time.perf_counter() - t0)
                 cpu[name].append(cpu_seconds() - c0)
-    result = {"elements": padded, "world_size": size, "piece": args.piece, "rounds": args.rounds - 1,
+    controller = "mpi" if hvd.mpi_enabled() else "gloo"
+    result = {"controller": controller, "elements": padded, "world_size": size, "piece": args.piece, "rounds": args.rounds - 1,
               "variants": {k: {"wall_ms": [1000 * t for t in wall[k]], "cpu_ms": [1000 * t for t in cpu[k]],
                                "median_wall_ms": 1000 * statistics.median(wall[k]),
                                "median_cpu_ms": 1000 * statistics.median(cpu[k])} for k in variants}}
     if rank == 0:
+        print(f"controller {controller}, {size} ranks, {padded} elements", flush=True)
         for name, v in result["variants"].items():
             print(f"{name}: median {v['median_wall_ms']:.1f} ms wall, {v['median_cpu_ms']:.1f} ms CPU per call",
                   flush=True)

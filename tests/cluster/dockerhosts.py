@@ -27,6 +27,13 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("HVDTRAIN_CLUSTER_IMAGE", "hvdtrain:cpu")
 PREFIX = "hvdtrain-test"
 SSH_PORT = 2222
+#: Every command run in a container gets these. horovodrun starts a task function on each host over
+#: SSH and gives them 30 s (its default start timeout) to register and probe each other's network
+#: interfaces. In the CI run of 2026-11-25 the first Gloo job across h1 and h2 exited 1 after 39 s
+#: with no message, while the machine's load average was 16 (the Docker set-up beside the other test
+#: worker's jobs): most likely that timeout. horovodrun reports a task function's failure with
+#: print() and then os._exit(), which loses the message when stdout is a pipe; unbuffered, it stays.
+EXEC_ENV = {"HOROVOD_START_TIMEOUT": "120", "PYTHONUNBUFFERED": "1"}
 
 
 def docker_capability() -> str | None:
@@ -229,8 +236,8 @@ class Cluster:
 
     def exec(self, host: str, *cmd: str, check: bool = True, timeout: float = 300,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run ``cmd`` in host ``host``'s container (from /shared)."""
-        flags = [a for k, v in (env or {}).items() for a in ("-e", f"{k}={v}")]
+        """Run ``cmd`` in host ``host``'s container (from /shared), with :data:`EXEC_ENV` under ``env``."""
+        flags = [a for k, v in {**EXEC_ENV, **(env or {})}.items() for a in ("-e", f"{k}={v}")]
         proc = subprocess.run([self.docker, "exec", "-w", "/shared", *flags, self.container(host), *cmd],
                               capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
