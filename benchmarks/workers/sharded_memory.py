@@ -30,6 +30,9 @@ parser.add_argument("--steps", type=int, default=8)
 parser.add_argument("--batch", type=int, default=8, help="samples per rank per update")
 parser.add_argument("--seq", type=int, default=128)
 parser.add_argument("--label", default="")
+parser.add_argument("--phases", action="store_true",
+                    help="also time each update's gradient exchange and optimizer step (with ZeRO's parameter "
+                         "allgather) per rank, median ms of the steps after the 2nd")
 args = parser.parse_args()
 
 
@@ -88,6 +91,18 @@ def main():
         held["exchange"] = max(held["exchange"], grad_bytes())
         return out
     adapter.exchange.reduce = reduce_and_count
+    phase_ms: dict[str, list[float]] = {"exchange": [], "optimizer_step": [], "train_step": []}
+    if args.phases:
+        def timed(name, fn):
+            def run(*a, **k):
+                t0 = time.perf_counter()
+                out = fn(*a, **k)
+                phase_ms[name].append(1000 * (time.perf_counter() - t0))
+                return out
+            return run
+        adapter.exchange.reduce = timed("exchange", adapter.exchange.reduce)
+        adapter.optimizer.step = timed("optimizer_step", adapter.optimizer.step)
+        adapter.train_step = timed("train_step", adapter.train_step)
 
     rng = np.random.default_rng(ctx.rank)
     times = []
@@ -104,6 +119,8 @@ def main():
                                    if torch.is_tensor(v) and v.dim() > 0),
             "grad_bytes_end_of_backward": held["backward"], "grad_bytes_after_exchange": held["exchange"],
             "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "vm_peak_kib": vm_peak_kib()}
+    if args.phases:
+        mine["phase_median_ms"] = {k: float(np.median(v[2:])) for k, v in phase_ms.items() if len(v) > 2}
     everyone = hvd.allgather_object(mine)
     if ctx.rank == 0:
         global_batch = args.batch * ctx.size

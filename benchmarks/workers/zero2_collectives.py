@@ -8,6 +8,8 @@ averaged 1/N slice of one flat gradient buffer, timed interleaved in one job (A,
   CPU exchange now);
 * ``allgather_params``: one allgather of this rank's updated slice into the whole buffer (what
   ZeRO-1 and ZeRO-2 add to data parallelism's allreduce every update);
+* ``allgather_into``: the same allgather written into one kept whole buffer (where the parameters
+  can live: no new buffer per update);
 * ``realloc``: allocating the zeroed buffer again (what freeing it after the exchange costs) and
   ``rezero``: zeroing the kept buffer instead.
 
@@ -67,8 +69,15 @@ def main() -> None:
     def allgather_params() -> torch.Tensor:
         return hvd.allgather(mine, name="bench.allgather")  # distributed
 
+    params = torch.zeros(padded)
+
+    def allgather_into() -> torch.Tensor:
+        from horovod.torch.mpi_ops import _allgather_async, global_process_set
+        return hvd.synchronize(_allgather_async(mine, params, "bench.allgather_into", global_process_set))
+
     variants = {"reducescatter_pieces": reducescatter_pieces, "reducescatter_whole": reducescatter_whole,
-                "allreduce_slice": allreduce_slice, "allgather_params": allgather_params, "realloc": lambda: torch.zeros(padded),
+                "allreduce_slice": allreduce_slice, "allgather_params": allgather_params,
+                "allgather_into": allgather_into, "realloc": lambda: torch.zeros(padded),
                 "rezero": lambda: flat.zero_()}
     wall: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}

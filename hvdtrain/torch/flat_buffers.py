@@ -19,6 +19,7 @@ import torch
 
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.exchange import Stateless
+from hvdtrain.torch.host_memory import huge_page_zeros
 
 
 class FlatLayout:
@@ -55,9 +56,9 @@ class FlatLayout:
         return flat[self.start:self.start + self.shard]
 
     def empty(self) -> torch.Tensor:
-        """A new zeroed buffer."""
+        """A new zeroed buffer (a CPU one on huge pages: :mod:`hvdtrain.torch.host_memory`)."""
         like = self.params[0]
-        return torch.zeros(self.padded, dtype=like.dtype, device=like.device)
+        return huge_page_zeros(self.padded, like.dtype, like.device)
 
 
 def dtype_layouts(params: list[torch.Tensor], optimizer: Any = None) -> list[FlatLayout]:
@@ -78,6 +79,11 @@ def dtype_layouts(params: list[torch.Tensor], optimizer: Any = None) -> list[Fla
 class GradBuffers:
     """The parameters' gradients as views of one flat buffer per layout.
 
+    The layouts of one dtype and device share one allocation, :attr:`wholes`, each layout's buffer
+    a view of it in layout order (the sharded optimizer's groups with and without weight decay
+    are one buffer, as in Horovod's fusion buffer): the exchange reduces each whole in place with
+    one collective.
+
     :meth:`attach` (before a backward pass and before the exchange) makes every ``p.grad`` a view
     of its buffer again: a gradient something replaced (``zero_grad(set_to_none=True)``, Horovod's
     optimizer-state broadcast) is copied in, a missing one zeroed. :meth:`zero` clears the buffers
@@ -86,6 +92,7 @@ class GradBuffers:
 
     def __init__(self, layouts: list[FlatLayout]) -> None:
         self.layouts = layouts
+        self.wholes: list[torch.Tensor] = []  # one per dtype and device; the flats are views of them
         self.flats: list[torch.Tensor | None] = [None] * len(layouts)
         self.views: list[list[torch.Tensor]] = [[] for _ in layouts]
         self.dirty = False  # whether the buffers may hold gradients (an attach since the last zero)
@@ -97,14 +104,28 @@ class GradBuffers:
         """Every parameter, in layout order."""
         return [p for layout in self.layouts for p in layout.params]
 
+    def _allocate(self) -> None:
+        """The zeroed :attr:`wholes` and every layout's buffer and parameter views in them."""
+        kinds: dict[tuple, list[int]] = {}
+        for i, layout in enumerate(self.layouts):
+            kinds.setdefault((layout.params[0].dtype, layout.params[0].device), []).append(i)
+        self.wholes = []
+        for (dtype, device), indices in kinds.items():
+            whole = huge_page_zeros(sum(self.layouts[i].padded for i in indices), dtype, device)
+            self.wholes.append(whole)
+            offset = 0
+            for i in indices:
+                self.flats[i] = whole[offset:offset + self.layouts[i].padded]
+                self.views[i] = self.layouts[i].split(self.flats[i])
+                offset += self.layouts[i].padded
+
     @torch.no_grad()
     def attach(self) -> None:
         """Every ``p.grad`` a view of its buffer (allocated, zeroed, where :meth:`free` dropped it)."""
+        fresh = not self.wholes
+        if fresh:
+            self._allocate()
         for i, layout in enumerate(self.layouts):
-            fresh = self.flats[i] is None
-            if fresh:
-                self.flats[i] = layout.empty()
-                self.views[i] = layout.split(self.flats[i])
             for p, view in zip(layout.params, self.views[i]):
                 grad = p.grad
                 if grad is view:
@@ -120,11 +141,10 @@ class GradBuffers:
     @torch.no_grad()
     def zero(self) -> None:
         """Zero the buffers (if gradients may be in them) and point every ``p.grad`` at its view."""
+        if self.dirty:
+            for whole in self.wholes:
+                whole.zero_()
         for i, layout in enumerate(self.layouts):
-            if self.flats[i] is None:
-                continue
-            if self.dirty:
-                self.flats[i].zero_()
             for p, view in zip(layout.params, self.views[i]):
                 p.grad = view
         self.dirty = False
@@ -133,28 +153,49 @@ class GradBuffers:
         """Drop the buffers and the parameters' views of them."""
         for p in self.params:
             p.grad = None
+        self.wholes = []
         self.flats = [None] * len(self.layouts)
         self.views = [[] for _ in self.layouts]
 
     def nbytes(self) -> int:
         """Bytes the allocated buffers hold."""
-        return sum(f.numel() * f.element_size() for f in self.flats if f is not None)
+        return sum(w.numel() * w.element_size() for w in self.wholes)
 
 
 @torch.no_grad()
 def allreduce_flats(flats: list[torch.Tensor], compression: Any, name: str) -> None:
-    """Average ``flats`` across ranks in place, in one grouped allreduce (a single buffer: reduced by
-    Horovod where it lies). Float16 on the wire as Horovod's ``Compression.fp16`` does it: cast,
+    """Average ``flats`` across ranks in place, one allreduce per buffer, one after the other: Horovod
+    reduces a lone tensor where it lies, but copies the tensors of a grouped (or fused) allreduce
+    into its fusion buffer and back (for the sharded optimizer's two group buffers that cost 30-60 ms
+    more per update than one shared buffer, MiniLM on 2 ranks: hence :attr:`GradBuffers.wholes`).
+    Float16 on the wire as Horovod's ``Compression.fp16`` does it: cast,
     averaged in float16, cast back."""
     fp16 = compression is hvd.Compression.fp16
     wire = [f.to(torch.float16) if fp16 and f.is_floating_point() else f for f in flats]
-    if len(wire) == 1:
-        hvd.allreduce_(wire[0], op=hvd.Average, name=name)  # distributed
-    else:
-        hvd.grouped_allreduce_(wire, op=hvd.Average, name=name)  # distributed
+    for i, tensor in enumerate(wire):
+        hvd.allreduce_(tensor, op=hvd.Average, name=f"{name}.{i}")  # distributed
     for flat, sent in zip(flats, wire):
         if sent is not flat:
             flat.copy_(sent)
+
+
+@torch.no_grad()
+def allgather_into(tensors: list[torch.Tensor], outputs: list[torch.Tensor], name: str) -> None:
+    """Concatenate every rank's ``tensors[i]`` into ``outputs[i]`` (already of the whole size), one
+    allgather per tensor, one after the other (a lone tensor is gathered straight into its output;
+    a grouped one goes through Horovod's fusion buffer: see :func:`allreduce_flats`).
+
+    Horovod's public ``grouped_allgather`` allocates new outputs on every call; for a whole model
+    that allocation, page-faulted as the collective writes it, cost more than the transfer: an
+    allgather of MiniLM's 22.7 M float32 took 132 ms (Gloo) and 49 ms (MPI) into a new tensor, 39
+    and 12 ms into a kept one (``benchmarks/workers/zero2_collectives.py``, 2 ranks). So the
+    outputs come from the caller, through the function Horovod's own ``allgather_async`` calls (a
+    private name of the Horovod pinned in setup.cfg, 0.28.1: it resizes the output to the gathered
+    shape, a no-op at the right size)."""
+    from horovod.torch.mpi_ops import _allgather_async, global_process_set
+
+    for i, (tensor, output) in enumerate(zip(tensors, outputs)):
+        hvd.synchronize(_allgather_async(tensor, output, f"{name}.{i}", global_process_set))  # distributed
 
 
 class FlatAllreduce(Stateless):
@@ -177,7 +218,7 @@ class FlatAllreduce(Stateless):
         ``DistributedOptimizer`` then)."""
         self.buffers.attach()
         if hvd.size() > 1:
-            allreduce_flats(self.buffers.flats, self.compression, "hvdtrain.flat.grads")
+            allreduce_flats(self.buffers.wholes, self.compression, "hvdtrain.flat.grads")
         return [p.grad for p in self.params]
 
     def after_update(self) -> None:

@@ -6,19 +6,28 @@ parameters concatenated in order, zero-padded to a multiple of the world size ``
 (:class:`~hvdtrain.torch.flat_buffers.FlatLayout`; the buffers are
 :class:`~hvdtrain.torch.flat_buffers.GradBuffers`, the same mechanism as data parallelism's). Rank ``r`` owns the ``r``-th ``1/N`` slice of every buffer and keeps the
 optimizer state of that slice only: a copy of the recipe's optimizer (same class, same
-hyperparameters per group) over one flat tensor per group. One update:
+hyperparameters per group) over each group's slice, a contiguous tensor stepped as chunks of
+:data:`CHUNK_ELEMENTS` (views of it). One update:
 
-1. :class:`~hvdtrain.torch.flat_buffers.FlatAllreduce` (the run's gradient exchange) averages the flat gradient buffers with one
-   grouped allreduce and leaves the averaged gradients in each ``p.grad``, so the adapter's finite
+1. :class:`~hvdtrain.torch.flat_buffers.FlatAllreduce` (the run's gradient exchange) averages the flat gradient buffers
+   (the groups' buffers are views of one allocation) with one in-place allreduce and leaves the averaged gradients in each ``p.grad``, so the adapter's finite
    check, global-norm clipping and loss-scaler unscaling see the same gradients as under data
    parallelism;
 2. :meth:`ShardedOptimizer.step` steps the shard optimizer on this rank's slice of the (clipped)
-   gradients, then one grouped allgather of the updated slices writes the whole model back on every
-   rank.
+   gradients, then an allgather of the updated slices per group, into buffers it allocates on huge
+   pages (:mod:`hvdtrain.torch.host_memory`), writes the whole model back on every rank.
+
+Where the extra cost went (MiniLM, 2 ranks, Gloo; ``benchmarks/workers/zero2_collectives.py`` and the
+``--phases`` of ``benchmarks/workers/sharded_memory.py``): more than the bytes moved, new large
+buffers cost their page faults every update. Gathering into a new tensor took 132 ms against 39 ms
+into an allocated one; AdamW on one 11.35 M-element shard 56 ms against 17 ms in chunks; the two
+group buffers' grouped allreduce copied through Horovod's fusion buffer (30-60 ms) where one
+allocation is reduced in place; ZeRO-2's gradient buffer, allocated again every update, 33-40 ms
+on ordinary pages against 5 ms on huge pages.
 
 With ``gradients`` (ZeRO-2) :class:`FlatReduceScatter` replaces step 1: it leaves each rank the
 averaged gradient of its own slice only, as the shard's ``.grad`` (on CPUs one in-place allreduce
-of the whole buffers, each rank keeping its slice; on GPUs a reduce-scatter in pieces whose copies
+of the whole buffers, each rank copying its slice into a shard gradient kept from update to update; on GPUs a reduce-scatter in pieces whose copies
 inside Horovod stay small: see the class); the whole flat buffers are freed right after it and allocated again (zeroed) by
 :meth:`ShardedOptimizer.attach_grads` before the next backward pass. The adapter's update then works
 on the shards: :attr:`ShardedOptimizer.param_groups` are the shard optimizer's groups (the loss
@@ -55,12 +64,19 @@ import torch
 
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.exchange import Stateless
-from hvdtrain.torch.flat_buffers import FlatAllreduce, FlatLayout, GradBuffers, allreduce_flats
+from hvdtrain.torch.flat_buffers import FlatAllreduce, FlatLayout, GradBuffers, allgather_into, allreduce_flats
+from hvdtrain.torch.host_memory import huge_page_zeros
 
 __all__ = ["FlatLayout", "FlatReduceScatter", "ShardedOptimizer", "check_optimizer", "zero1_exchange"]
 
 #: ZeRO-2 reduce-scatters the flat gradients in pieces of about this many elements (16 MiB of float32).
 SCATTER_ELEMENTS = 1 << 22
+
+#: The shard optimizer steps each shard as chunks of at most this many elements (4 MiB of float32),
+#: views of it: torch's CPU optimizers make temporaries the size of each tensor they update, and one
+#: 11.35 M-element shard (MiniLM's on 2 ranks) took AdamW 56 ms per step against 17 ms in chunks of
+#: this size (a new large temporary is page-faulted in every step; small ones are reused).
+CHUNK_ELEMENTS = 1 << 20
 
 #: Optimizers whose update of an element depends on that element's gradient and state only.
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad")
@@ -88,7 +104,7 @@ class ShardedOptimizer:
         self.gradients = gradients  # ZeRO-2: only the shard's gradients outlive the exchange
         self.size, self.rank = hvd.size(), hvd.rank()
         self.layouts: list[FlatLayout] = []
-        shards, groups = [], []
+        shards, chunks, groups = [], [], []
         with torch.no_grad():
             for group in optimizer.param_groups:
                 params = [p for p in group["params"] if p.requires_grad]
@@ -98,8 +114,11 @@ class ShardedOptimizer:
                 shard = torch.nn.Parameter(layout.mine(layout.flatten([p.detach() for p in params])).clone())
                 self.layouts.append(layout)
                 shards.append(shard)
-                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": [shard]})
-        self.shards = shards
+                # the shard optimizer updates chunks that are views of the shard (see CHUNK_ELEMENTS)
+                chunks.append([torch.nn.Parameter(piece) for piece in torch.split(shard.detach(), CHUNK_ELEMENTS)])
+                groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": chunks[-1]})
+        self.shards = shards  # this rank's slice of each group's flat buffer, one contiguous tensor each
+        self.chunks = chunks  # the shard optimizer's parameters, per group: views of the group's shard
         # the gradients live in one flat buffer per group: each p.grad is a view of it, so the backward
         # pass accumulates into the buffer and the exchange averages it in place (no copies)
         self.grads = GradBuffers(self.layouts)
@@ -116,8 +135,27 @@ class ShardedOptimizer:
 
     @property
     def state(self) -> Any:
-        """This rank's shard state (empty before the first update)."""
+        """This rank's shard state, per chunk (empty before the first update)."""
         return self.inner.state
+
+    def _shard_state(self, g: int) -> dict[str, Any]:
+        """Group ``g``'s shard state as one entry: its chunks' 1-D state tensors concatenated, the
+        scalars (``step``) of its first chunk; empty before the first update."""
+        states = [self.inner.state.get(chunk, {}) for chunk in self.chunks[g]]
+        if not states[0]:
+            return {}
+        return {k: torch.cat([st[k] for st in states]) if torch.is_tensor(v) and v.dim() == 1 else v
+                for k, v in states[0].items()}
+
+    def _set_shard_state(self, g: int, entry: dict[str, Any]) -> None:
+        """Give group ``g``'s chunks their pieces of a shard-sized state ``entry`` (each chunk its own
+        copy of the scalars: torch steps them in place)."""
+        offset = 0
+        for chunk in self.chunks[g]:
+            n = chunk.numel()
+            self.inner.state[chunk] = {k: v[offset:offset + n].clone() if torch.is_tensor(v) and v.dim() == 1
+                                       else (v.clone() if torch.is_tensor(v) else v) for k, v in entry.items()}
+            offset += n
 
     @property
     def grad_flats(self) -> list[torch.Tensor | None]:
@@ -132,8 +170,17 @@ class ShardedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffers (the gradients stay views of them); drop the shards'."""
         self.grads.zero()
-        for shard in self.shards:
+        for shard, chunks in zip(self.shards, self.chunks):
             shard.grad = None
+            for chunk in chunks:
+                chunk.grad = None
+
+    def set_shard_grads(self, grads: list[torch.Tensor]) -> None:
+        """Each group's averaged gradient slice as its shard's ``.grad`` and, viewed, its chunks'."""
+        for shard, chunks, grad in zip(self.shards, self.chunks, grads):
+            shard.grad = grad
+            for chunk, piece in zip(chunks, torch.split(grad, CHUNK_ELEMENTS)):
+                chunk.grad = piece
 
     def free_grads(self) -> None:
         """ZeRO-2, after the reduce-scatter: drop the whole flat gradient buffers (and the
@@ -154,11 +201,12 @@ class ShardedOptimizer:
         (a collective)."""
         if not self.gradients:
             self._copy_hyperparameters()  # the LR the schedule set
-            for layout, shard, flat in zip(self.layouts, self.shards, self.grad_flats):
-                shard.grad = layout.mine(flat)
+            self.set_shard_grads([layout.mine(flat) for layout, flat in zip(self.layouts, self.grad_flats)])
         self.inner.step()
-        whole = hvd.grouped_allgather([s.detach() for s in self.shards], name="hvdtrain.zero.params")  # distributed
-        for layout, flat in zip(self.layouts, whole):
+        # the gathered model lands in new buffers on huge pages (cheap to fault in), freed once copied
+        wholes = [layout.empty() for layout in self.layouts]
+        allgather_into([s.detach() for s in self.shards], wholes, "hvdtrain.zero.params")  # distributed
+        for layout, flat in zip(self.layouts, wholes):
             for p, value in zip(layout.params, layout.split(flat)):
                 p.copy_(value)
 
@@ -178,17 +226,16 @@ class ShardedOptimizer:
     def gather(self) -> None:
         """Every rank: bring the shards' state together; rank 0 keeps it as the recipe optimizer's
         ``state_dict()`` for :meth:`state_dict` (a collective: one grouped allgather)."""
-        keys = sorted({k for shard in self.shards for k, v in self.inner.state.get(shard, {}).items()
-                       if torch.is_tensor(v) and v.dim() == 1})
-        tensors = [self.inner.state[shard][k] if k in self.inner.state.get(shard, {}) else torch.zeros_like(shard)
-                   for shard in self.shards for k in keys]
+        shard_states = [self._shard_state(g) for g in range(len(self.shards))]
+        keys = sorted({k for st in shard_states for k, v in st.items() if torch.is_tensor(v) and v.dim() == 1})
+        tensors = [st[k] if k in st else torch.zeros_like(shard)
+                   for shard, st in zip(self.shards, shard_states) for k in keys]
         whole = hvd.grouped_allgather(tensors, name="hvdtrain.zero.state") if tensors else []  # distributed
         if self.rank != 0:
             return
         index, state = self._index(), {}
         flats = iter(whole)
-        for layout, shard in zip(self.layouts, self.shards):
-            shard_state = self.inner.state.get(shard, {})
+        for layout, shard_state in zip(self.layouts, shard_states):
             scalars = {k: v for k, v in shard_state.items() if not (torch.is_tensor(v) and v.dim() == 1)}
             per_key = {k: layout.split(next(flats)) for k in keys}
             for i, p in enumerate(layout.params):
@@ -233,7 +280,7 @@ class ShardedOptimizer:
         if not full["state"]:
             return
         index = self._index()
-        for layout, shard in zip(self.layouts, self.shards):
+        for g, (layout, shard) in enumerate(zip(self.layouts, self.shards)):
             states = [full["state"].get(index[id(p)], {}) for p in layout.params]
             present = [s for s in states if s]
             if not present:
@@ -245,7 +292,7 @@ class ShardedOptimizer:
                     entry[key] = layout.mine(layout.flatten(tensors)).clone()
                 else:
                     entry[key] = value.clone() if torch.is_tensor(value) else value
-            self.inner.state[shard] = entry
+            self._set_shard_state(g, entry)
 
 
 def zero1_exchange(optimizer: "ShardedOptimizer", compression: Any) -> FlatAllreduce:
@@ -262,8 +309,9 @@ class FlatReduceScatter(Stateless):
     How the slices are averaged depends on the device (``by_allreduce``, None: by device). On GPUs a
     reduce-scatter (NCCL's moves half an allreduce's bytes), in pieces of :data:`SCATTER_ELEMENTS`.
     On CPUs one in-place allreduce of the whole buffers, each rank then keeping its slice: Horovod's
-    Gloo reduce-scatter took 2.5x the CPU time of its allreduce of the same buffer
-    (benchmarks/workers/zero2_collectives.py), and the allreduce needs no piece copies; the memory
+    Gloo reduce-scatter took 2.5x the CPU time of its allreduce of the same buffer, and under MPI
+    (Open MPI on one host) 1.5x (97 ms against 64 ms for MiniLM's 22.7 M float32 on 2 ranks,
+    benchmarks/workers/zero2_collectives.py), and the allreduce needs no piece copies; the memory
     held outside the exchange is the same 1/N."""
 
     #: True: allreduce and keep the slice; False: reduce-scatter; None: allreduce on CPUs only.
@@ -271,6 +319,7 @@ class FlatReduceScatter(Stateless):
 
     def __init__(self, optimizer: "ShardedOptimizer", compression: Any) -> None:
         self.optimizer, self.compression = optimizer, compression
+        self._shard_grads: list[torch.Tensor] | None = None  # see _kept()
 
     def stepping(self) -> Any:
         """Nothing around ``optimizer.step()``: the sharded optimizer is stepped directly."""
@@ -285,15 +334,24 @@ class FlatReduceScatter(Stateless):
         flats = optimizer.grad_flats
         by_allreduce = self.by_allreduce if self.by_allreduce is not None else not flats[0].is_cuda
         if optimizer.size > 1 and by_allreduce:
-            allreduce_flats(flats, self.compression, "hvdtrain.zero.grads")  # distributed
+            allreduce_flats(optimizer.grads.wholes, self.compression, "hvdtrain.zero.grads")  # distributed
         if optimizer.size > 1 and not by_allreduce:
             mine = [self._scatter(i, layout, flat) for i, (layout, flat) in enumerate(zip(optimizer.layouts, flats))]
-        else:
-            mine = [layout.mine(flat).clone() for layout, flat in zip(optimizer.layouts, optimizer.grad_flats)]
+        else:  # this rank's slice, copied into the shard gradients kept from update to update
+            mine = [kept.copy_(layout.mine(flat)) for kept, layout, flat in
+                    zip(self._kept(), optimizer.layouts, optimizer.grad_flats)]
         optimizer.free_grads()
-        for shard, grad in zip(optimizer.shards, mine):
-            shard.grad = grad
+        optimizer.set_shard_grads(mine)
         return [shard.grad for shard in optimizer.shards]
+
+    def _kept(self) -> list[torch.Tensor]:
+        """One shard-sized gradient buffer per group, allocated at the first update and kept (a new
+        one per update cost its page faults every time; the 1/N gradients outlive the exchange
+        anyway)."""
+        if self._shard_grads is None:
+            self._shard_grads = [huge_page_zeros(layout.shard, layout.params[0].dtype, layout.params[0].device)
+                                 for layout in self.optimizer.layouts]
+        return self._shard_grads
 
     @torch.no_grad()
     def _scatter(self, index: int, layout: FlatLayout, flat: torch.Tensor) -> torch.Tensor:

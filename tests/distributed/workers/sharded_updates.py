@@ -44,6 +44,7 @@ def main():
     from hvdtrain.torch.sharded import FlatReduceScatter, ShardedOptimizer
 
     sharded.SCATTER_ELEMENTS = 8  # ZeRO-2 reduce-scatters these small buffers in several pieces, as a large model's
+    sharded.CHUNK_ELEMENTS = 4  # and the shard optimizer steps each shard in several chunks, as a large model's
 
     adapter = TorchAdapter()
     ctx = adapter.init(load_config(overrides=["train.seed=0", "train.threads=1"]))
