@@ -167,7 +167,7 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
                 Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux: reset the peak RSS)
 
         def on_step_end(self, epoch, step, logs) -> None:
-            self.times.append((time.perf_counter(), cpu_seconds()))
+            self.times.append((time.perf_counter(), cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt))
 
         def on_epoch_end(self, epoch, record) -> None:
             if marks is not None:
@@ -193,9 +193,12 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
         grads = whole if adapter.sharded.mode == "optimizer" else whole // adapter.sharded.size
     steps = len(clock.times)  # after the 3rd step (the first ones trace the step): this rank's CPU time
     cpu_per_step = (clock.times[-1][1] - clock.times[2][1]) / (steps - 3) if steps > 3 else None
+    # page faults (minor: memory first touched) per step: a new large buffer per step pays them
+    faults_per_step = (clock.times[-1][2] - clock.times[2][2]) / (steps - 3) if steps > 3 else None
     mine = {"rank": hvd.rank(), "param_bytes": params, "grad_bytes": grads, "optimizer_bytes": optimizer,
             "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "vm_peak_kib": vm_peak_kib(),
-            "cpu_sec_per_step": cpu_per_step, "rss_at_train_start_kib": clock.rss_at_start_kib,
+            "cpu_sec_per_step": cpu_per_step, "minor_faults_per_step": faults_per_step,
+            "rss_at_train_start_kib": clock.rss_at_start_kib,
             "train_peak_rss_kib": status_kib("VmHWM"), "phases": marks.rows if marks is not None else None}
     everyone = hvd.allgather_object(mine)  # distributed
     if hvd.rank() == 0:
@@ -410,8 +413,10 @@ def summary(args: argparse.Namespace) -> None:
         for mode, row in modes.items():
             cpu = [r["cpu_sec_per_step"] for r in row["ranks"] if r.get("cpu_sec_per_step") is not None]
             cpu_mean = sum(cpu) / len(cpu) if cpu else None
+            faults = [r["minor_faults_per_step"] for r in row["ranks"] if r.get("minor_faults_per_step") is not None]
             line = {"round": round_, "mode": mode, "samples_per_sec": row.get("samples_per_sec"),
                     "cpu_sec_per_step": cpu_mean,
+                    "minor_faults_per_step": round(sum(faults) / len(faults)) if faults else None,
                     "peak_rss_mib": [round(r["peak_rss_kib"] / 1024) for r in row["ranks"]],
                     "train_peak_rss_mib": [round(r.get("train_peak_rss_kib", 0) / 1024) for r in row["ranks"]],
                     "rss_at_train_start_mib": [round(r.get("rss_at_train_start_kib", 0) / 1024) for r in row["ranks"]],
