@@ -10,6 +10,8 @@ averaged 1/N slice of one flat gradient buffer, timed interleaved in one job (A,
   ZeRO-1 and ZeRO-2 add to data parallelism's allreduce every update);
 * ``allgather_into``: the same allgather written into one kept whole buffer (where the parameters
   can live: no new buffer per update);
+* ``realloc_huge``: the same on huge pages (:func:`hvdtrain.torch.host_memory.huge_page_zeros`, written
+  once so its pages are faulted in as the backward pass would);
 * ``realloc``: allocating the zeroed buffer again (what freeing it after the exchange costs) and
   ``rezero``: zeroing the kept buffer instead.
 
@@ -30,7 +32,9 @@ import time
 
 import horovod.torch as hvd
 import torch
-from common import cpu_seconds  # benchmarks/ on PYTHONPATH, as for every worker
+from common import cpu_seconds
+
+from hvdtrain.torch.host_memory import huge_page_zeros  # benchmarks/ on PYTHONPATH, as for every worker
 
 
 
@@ -77,7 +81,8 @@ def main() -> None:
 
     variants = {"reducescatter_pieces": reducescatter_pieces, "reducescatter_whole": reducescatter_whole,
                 "allreduce_slice": allreduce_slice, "allgather_params": allgather_params,
-                "allgather_into": allgather_into, "realloc": lambda: torch.zeros(padded),
+                "allgather_into": allgather_into,
+                "realloc_huge": lambda: huge_page_zeros(padded, torch.float32).zero_(), "realloc": lambda: torch.zeros(padded),
                 "rezero": lambda: flat.zero_()}
     wall: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}
