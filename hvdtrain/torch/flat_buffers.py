@@ -172,8 +172,8 @@ def allreduce_flats(flats: list[torch.Tensor], compression: Any, name: str) -> N
     averaged in float16, cast back."""
     fp16 = compression is hvd.Compression.fp16
     wire = [f.to(torch.float16) if fp16 and f.is_floating_point() else f for f in flats]
-    for i, tensor in enumerate(wire):
-        hvd.allreduce_(tensor, op=hvd.Average, name=f"{name}.{i}")  # distributed
+    for i, tensor in enumerate(wire):  # one buffer (data parallelism's, one dtype) keeps the plain name
+        hvd.allreduce_(tensor, op=hvd.Average, name=name if len(wire) == 1 else f"{name}.{i}")  # distributed
     for flat, sent in zip(flats, wire):
         if sent is not flat:
             flat.copy_(sent)
@@ -195,7 +195,8 @@ def allgather_into(tensors: list[torch.Tensor], outputs: list[torch.Tensor], nam
     from horovod.torch.mpi_ops import _allgather_async, global_process_set
 
     for i, (tensor, output) in enumerate(zip(tensors, outputs)):
-        hvd.synchronize(_allgather_async(tensor, output, f"{name}.{i}", global_process_set))  # distributed
+        label = name if len(tensors) == 1 else f"{name}.{i}"
+        hvd.synchronize(_allgather_async(tensor, output, label, global_process_set))  # distributed
 
 
 class FlatAllreduce(Stateless):
