@@ -31,7 +31,10 @@ def huge_page_zeros(numel: int, dtype: torch.dtype, device: torch.device | str =
         return torch.zeros(numel, dtype=dtype, device=device)
     # anonymous memory reads as zeros; one huge page more, so the buffer can start on a boundary
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # a kernel without transparent huge pages (EINVAL): ordinary pages, zeroed all the same
+        pass
     start = -ctypes.addressof(ctypes.c_char.from_buffer(region)) % HUGE_PAGE
     # the tensor holds the mapping: unmapped when the last view of it is gone
     return torch.frombuffer(region, dtype=torch.uint8)[start:start + nbytes].view(dtype)

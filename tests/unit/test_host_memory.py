@@ -40,3 +40,13 @@ def test_the_mapping_lives_as_long_as_a_view_of_it():
     gc.collect()
     view.add_(2.0)  # still mapped: a freed mapping would crash here or read other memory
     assert view.tolist() == [3.0] * 10
+
+
+def test_a_kernel_without_huge_pages_gets_ordinary_pages(monkeypatch):
+    import mmap
+
+    monkeypatch.setattr(mmap, "MADV_HUGEPAGE", 12345)  # advice the kernel refuses (EINVAL), as one without THP does
+    buffer = huge_page_zeros(HUGE_PAGE, torch.float32)
+    assert buffer.shape == (HUGE_PAGE,) and not buffer.any()
+    buffer += 1.0
+    assert float(buffer.sum()) == HUGE_PAGE
