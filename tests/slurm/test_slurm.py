@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -116,17 +117,26 @@ class Jobs:
         started = time.monotonic()
         step5 = self.cluster.shared() / "runs" / REQUEUE / "checkpoints" / "step-00000005"
         while not self.stop.wait(1):
-            if "requeued" not in self.events and step5.is_dir():
-                self.cluster.exec(CONTROLLER, "scontrol", "requeue", str(self.ids[REQUEUE]))
-                self.events["requeued"] = time.monotonic() - started
-            self._time_limit(started)
-            self.cluster.watch_jobs()  # a job that ends long before its test runs is still known then
-            pending = self.cluster.exec(CONTROLLER, "squeue", "-h", "-t", "PENDING", "-o", "%i %r", check=False).stdout
-            for line in pending.splitlines():
-                job, _, reason = line.partition(" ")
-                if reason == "BeginTime" and int(job) in self.ids.values():
-                    self.cluster.exec(CONTROLLER, "scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
-                    self.events[f"released {job}"] = time.monotonic() - started
+            try:
+                self._poll(started, step5)
+            except subprocess.TimeoutExpired as exc:  # a controller slow to answer: ask again next time
+                self.events[f"unanswered {exc.cmd[-3:]}"] = time.monotonic() - started
+
+    def _poll(self, started: float, step5: Path) -> None:
+        """One round of the cluster's side (see the class)."""
+        if "requeued" not in self.events and step5.is_dir():
+            self.events["requeued"] = time.monotonic() - started  # once, even unanswered: a second is a second restart
+            self.cluster.exec(CONTROLLER, "scontrol", "requeue", str(self.ids[REQUEUE]), timeout=60)
+        self._time_limit(started)
+        self.cluster.watch_jobs()  # a job that ends long before its test runs is still known then
+        asked = self.cluster.ask("squeue", "-h", "-t", "PENDING", "-o", "%i %r")
+        pending = asked.stdout if asked is not None else ""
+        for line in pending.splitlines():
+            job, _, reason = line.partition(" ")
+            if reason == "BeginTime" and int(job) in self.ids.values():
+                self.cluster.exec(CONTROLLER, "scontrol", "update", f"JobId={job}", "StartTime=now", check=False,
+                                  timeout=60)
+                self.events[f"released {job}"] = time.monotonic() - started
 
     def _time_limit(self, started: float) -> None:
         """The time-limit job's first run, once it trains: its limit lowered to LIMIT_LEFT_SEC (whole
