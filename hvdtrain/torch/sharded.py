@@ -289,10 +289,10 @@ class ShardedOptimizer:
             for key, value in present[0].items():
                 if torch.is_tensor(value) and value.dim() > 0:
                     tensors = [s[key].to(shard.device, shard.dtype) if key in s else None for s in states]
-                    entry[key] = layout.mine(layout.flatten(tensors)).clone()
+                    entry[key] = layout.mine(layout.flatten(tensors))
                 else:
-                    entry[key] = value.clone() if torch.is_tensor(value) else value
-            self._set_shard_state(g, entry)
+                    entry[key] = value
+            self._set_shard_state(g, entry)  # each chunk its own copy
 
 
 def zero1_exchange(optimizer: "ShardedOptimizer", compression: Any) -> FlatAllreduce:
