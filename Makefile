@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # make test runs its modules in this many pytest-xdist workers, a module whole in one, longest first (tests/conftest.py)
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo demo-torch demo-tensorflow test test-unit test-fast bench clean docker-cpu docker-gpu test-cluster
+.PHONY: setup demo demo-torch demo-tensorflow test test-unit test-fast bench clean docker-cpu docker-gpu test-cluster gpu-wheel
 
 setup:
 	bash scripts/install.sh
@@ -52,3 +52,8 @@ docker-gpu:
 # the multi-host tests alone (containers as hosts; builds the image if needed)
 test-cluster: setup
 	$(PY) -m pytest tests/cluster -ra $(PYTEST_ARGS)
+
+# Horovod with NCCL for a lent GPU machine's stack (Python 3.12, torch 2.11.0+cu130, sm_90), built on this
+# CPU machine into .gpu/ with the wheels that machine lacks (README: GPUs; benchmarks/gpu/device.sh runs there)
+gpu-wheel:
+	bash scripts/gpu-wheel.sh .gpu

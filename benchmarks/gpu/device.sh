@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Everything hvdtrain measures and checks on one lent GPU, in one prepared call.
+#
+#   bash benchmarks/gpu/device.sh [OUT_DIR] [SECTIONS]     # from the repository root, on the GPU machine
+#
+# Needs there: python3 with a CUDA build of torch (2.11.0+cu130 on the lent H100/H200), the
+# nvidia-nccl-cu13 wheel, transformers, scikit-image (its photos make the JPEG tree); and, carried
+# in .gpu/ (`make gpu-wheel` fills it on any CPU machine): Horovod built with NCCL for that stack
+# and the wheels hvdtrain needs that the machine lacks. SECTIONS (default: all, in this order) picks
+# some of: build steps jpeg bert compile resume precision sharded compression compiled_eq device.
+# Each section has its own time limit and writes its results under OUT_DIR as it goes, so a call that
+# runs out of time still returns what finished; summary.txt lists each section's outcome and seconds.
+# Without a GPU (CPU rehearsal: HVDTRAIN_GPU_REHEARSAL=1) every size is tiny.
+set -uo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+out="$(mkdir -p "${1:-${OUT:-/tmp/hvdtrain-gpu-out}}" && cd "${1:-${OUT:-/tmp/hvdtrain-gpu-out}}" && pwd)"
+sections="${2:-build steps jpeg bert compile resume precision sharded compression compiled_eq device}"
+python="${PYTHON:-python3}"
+work="${HVDTRAIN_GPU_WORK:-/tmp/hvdtrain-gpu}"
+small="${HVDTRAIN_GPU_REHEARSAL:-0}"
+mkdir -p "$work"
+cd "$repo"
+summary="$out/summary.txt"
+say() { printf '[device %s] %s\n' "$(date +%T)" "$*" | tee -a "$out/log.txt"; }
+
+# --- the carried wheels: installed into a folder of their own, never into the machine's Python ---
+site="$work/site"
+if [[ -d .gpu ]] && compgen -G ".gpu/*.whl" >/dev/null; then
+  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .gpu/*.whl \
+    > "$out/pip.txt" 2>&1 || { cat "$out/pip.txt"; say "installing the carried wheels failed"; }
+fi
+export PYTHONPATH="$repo:$repo/benchmarks:$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
+nccl_lib="$("$python" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)"
+export LD_LIBRARY_PATH="${nccl_lib:+$nccl_lib:}${LD_LIBRARY_PATH:-}"
+export HVDTRAIN_DATA_CACHE="$work/cache" TF_CPP_MIN_LOG_LEVEL=2 HOROVOD_LOG_LEVEL=warning
+hvdtrain=("$python" -m hvdtrain.cli)
+
+# run NAME SECONDS CMD...: one measurement with its own limit; its output in OUT/NAME.log
+run() {
+  local name="$1" limit="$2"; shift 2
+  local started=$SECONDS rc
+  say "$name (limit ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  printf '%-28s rc=%-4s %5ss\n' "$name" "$rc" "$((SECONDS - started))" | tee -a "$summary"
+  tail -n 3 "$out/$name.log" | sed 's/^/    /'
+  return $rc
+}
+want() { [[ " $sections " == *" $1 "* ]]; }
+
+if [[ "$small" == 1 ]]; then
+  R50=(--model resnet18 --batch 4 --size 32 --warmup 1 --steps 2 --rounds 2)
+  BERT=(--model bert --batch 4 --size 8 --seq 16 --warmup 1 --steps 2 --rounds 2)
+  TREE=(2 24 8); JPEG_TREE=(2 16 4); RES=16; BIG_BATCH=8; EPOCHS=2
+else
+  R50=(--model resnet50 --batch 256 --size 224 --warmup 10 --steps 20 --rounds 3)
+  BERT=(--model bert --batch 64 --size 224 --seq 128 --warmup 10 --steps 20 --rounds 3)
+  TREE=(8 64 16); JPEG_TREE=(8 1000 25); RES=64; BIG_BATCH=256; EPOCHS=3
+fi
+
+if want build; then
+  run build 120 bash -c "nvidia-smi; $python -c 'import torch, horovod.torch as h; h.init(); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\"); print(\"horovod\", h.__version__, \"nccl_built\", h.nccl_built(), \"gloo\", h.gloo_built(), \"size\", h.size())'; horovodrun --check-build"
+fi
+
+# --- issue 44: speed ----------------------------------------------------------------------------
+if want steps; then
+  run resnet50_bf16 240 "$python" benchmarks/gpu/steps.py "${R50[@]}" --precision bf16 --profile --tag a --json "$out/resnet50_bf16.json"
+  run resnet50_fp16 200 "$python" benchmarks/gpu/steps.py "${R50[@]}" --precision fp16 --tag b --json "$out/resnet50_fp16.json"
+fi
+if want bert; then
+  run bert_bf16 200 "$python" benchmarks/gpu/steps.py "${BERT[@]}" --precision bf16 --optim adamw --profile --tag c --json "$out/bert_bf16.json"
+fi
+if want compile; then
+  run resnet50_compiled 300 "$python" benchmarks/gpu/steps.py "${R50[@]}" --precision bf16 --compile default --loops plain,hvdtrain --tag d --json "$out/resnet50_compiled.json"
+  run bert_compiled 240 "$python" benchmarks/gpu/steps.py "${BERT[@]}" --precision bf16 --optim adamw --compile default --loops plain,hvdtrain --tag e --json "$out/bert_compiled.json"
+fi
+if want jpeg; then
+  # real photos cut into an ImageNet-like JPEG tree (one process per class), then the recipe on it
+  run jpeg_tree 180 "$python" - "$work/photos" "${JPEG_TREE[@]}" <<'PY'
+import sys
+from multiprocessing import Pool
+import photo_tree
+root, classes, train, val = sys.argv[1], *map(int, sys.argv[2:])
+with Pool(classes) as pool:
+    pool.starmap(photo_tree.make_tree, [(root, 1, train, val, (500, 375), 90, i, (name,))
+                                         for i, name in enumerate(photo_tree.PHOTOS[:classes])])
+print(root)
+PY
+  rm -rf "$work/jpeg-run"
+  run jpeg_recipe 300 "${hvdtrain[@]}" recipe image-classification --framework torch --data "$work/photos" \
+    --model "$([[ $small == 1 ]] && echo resnet18 || echo resnet50)" --batch-size "$BIG_BATCH" --epochs "$EPOCHS" \
+    --output "$work/jpeg-run" --set image.size="$([[ $small == 1 ]] && echo 32 || echo 224)" \
+    --set train.mixed_precision=bf16 --set checkpoint.enabled=false --set train.log_every=0 --set train.tensorboard=false
+  cp "$work/jpeg-run/metrics.jsonl" "$out/jpeg_metrics.jsonl" 2>/dev/null
+fi
+
+# --- issue 45: correctness ----------------------------------------------------------------------
+tree="$work/tree-small"
+if want resume || want precision || want sharded || want compression || want compiled_eq; then
+  [[ -f "$tree/.done" ]] || { "$python" -c "import photo_tree, sys; photo_tree.make_tree('$tree', ${TREE[0]}, ${TREE[1]}, ${TREE[2]})" \
+    && touch "$tree/.done"; }
+fi
+# a small real job: ResNet-18 with BatchNorm on the photo tree, AdamW, deterministic, checkpoints every 4 steps
+job() {  # job NAME OUTPUT [--set ...]: one run of the recipe (through horovodrun -np 1, as a launcher starts it)
+  local name="$1" output="$2"; shift 2
+  run "$name" 240 horovodrun -np 1 -H localhost:1 --gloo "${hvdtrain[@]}" recipe image-classification --framework torch \
+    --data "$tree" --model resnet18 --batch-size 16 --epochs 2 --output "$output" --set image.size="$RES" \
+    --set image.workers=4 --set optim.name=adamw --set optim.lr=0.001 --set train.deterministic=true \
+    --set checkpoint.every_steps=4 --set train.log_every=0 --set train.tensorboard=false "$@"
+}
+compare() {  # compare NAME A B [exact|TOL]: final weights of two runs
+  run "$1" 60 "$python" benchmarks/gpu/compare.py "$2" "$3" "${4:-exact}"
+}
+killed_then_resumed() {  # NAME [--set ...]: straight run, a run killed at step 22, its resume; then compare
+  local name="$1"; shift
+  rm -rf "$work/$name-a" "$work/$name-b"
+  job "${name}_straight" "$work/$name-a" "$@"
+  HVDTRAIN_FAULT=kill:rank=0:step=22 job "${name}_killed" "$work/$name-b" "$@"
+  job "${name}_resumed" "$work/$name-b" "$@" --resume
+  compare "${name}_bitwise" "$work/$name-a" "$work/$name-b" exact
+}
+want resume && killed_then_resumed resume_fp32
+if want precision; then
+  killed_then_resumed resume_fp16 --set train.mixed_precision=fp16
+  rm -rf "$work/bf16"; job bf16_learns "$work/bf16" --set train.mixed_precision=bf16
+fi
+if want sharded; then
+  [[ -d "$work/resume_fp32-a" ]] || job resume_fp32_straight "$work/resume_fp32-a"
+  for mode in state gradients; do
+    rm -rf "$work/shard-$mode"; job "shard_$mode" "$work/shard-$mode" --set parallel.shard_optimizer=$mode
+    compare "shard_${mode}_vs_dp" "$work/resume_fp32-a" "$work/shard-$mode" 1e-4
+  done
+fi
+if want compression; then
+  for kind in powersgd topk fp16; do
+    killed_then_resumed "compress_$kind" --set comm.compression=$kind
+  done
+fi
+if want compiled_eq; then
+  [[ -d "$work/resume_fp32-a" ]] || job resume_fp32_straight "$work/resume_fp32-a"
+  rm -rf "$work/compiled"; job compiled_default "$work/compiled" --set train.compile=default
+  compare compiled_vs_eager "$work/resume_fp32-a" "$work/compiled" 1e-3
+  rm -rf "$work/ro"; job compiled_reduce_overhead "$work/ro" --set train.compile=reduce-overhead
+  compare reduce_overhead_vs_eager "$work/resume_fp32-a" "$work/ro" 1e-3
+  rm -rf "$work/ro2"; job cuda_graphs_with_accumulation_refused "$work/ro2" --set train.compile=reduce-overhead \
+    --set train.grad_accumulation=2
+fi
+if want device; then
+  run device_choice 60 bash -c "$python -c 'import torch; from hvdtrain.torch.adapter import pick_device; print(\"one visible:\", pick_device(0, 1), torch.cuda.device_count())'; CUDA_VISIBLE_DEVICES=0 $python -c 'from hvdtrain.torch.adapter import pick_device; print(\"CUDA_VISIBLE_DEVICES=0, local rank 0 of 1:\", pick_device(0, 1)); print(\"local rank 1 of 2 seeing one GPU:\", pick_device(1, 2))'"
+fi
+say "done"
+cat "$summary"
