@@ -27,6 +27,7 @@ classes are imported when task 0 starts it).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -95,26 +96,57 @@ class SlurmStep:
 
 # -- Slurm's list syntaxes ----------------------------------------------------------------------
 
-def _expand_brackets(item: str) -> list[str]:
-    """``"gpu[01-02]-ib[1,3]"`` -> every name it stands for, left bracket first."""
+MAX_HOSTS = 200_000  # more nodes than any cluster has (Fugaku: 158,976): a longer list is a hostile or broken variable
+MAX_TASKS_PER_NODE = 100_000  # more tasks than any node runs
+# a Slurm node name as it may reach a command line or a URL: letters, digits, '_', '-', '.', not
+# starting with '-' or '.' (an option to ssh or mpirun), at most 253 characters
+NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
+
+
+def _bracket_ranges(item: str, text: str) -> tuple[re.Match | None, list[tuple[int, int, int]]]:
+    """The first ``[...]`` of ``item`` and its ``(low, high, width)`` ranges, checked: digits,
+    ascending; ValueError naming the bad part."""
     match = re.search(r"\[([^\[\]]*)\]", item)
     if match is None:
         if "[" in item or "]" in item:
             raise ValueError(f"Slurm node list: unbalanced brackets in {item!r}")
-        return [item]
-    names = []
+        return None, []
+    ranges = []
     for part in match.group(1).split(","):
         low, dash, high = part.strip().partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
+        if not low.isdigit() or (dash and not high.isdigit()) or len(low) > 18 or len(high) > 18:
             raise ValueError(f"Slurm node list: {part!r} in {item!r} is not N or N-M")
-        width = len(low)
-        for number in range(int(low), int(high if dash else low) + 1):
-            names.append(f"{item[:match.start()]}{number:0{width}d}{item[match.end():]}")
-    return [name for prefix in names for name in _expand_brackets(prefix)]
+        first, last = int(low), int(high if dash else low)
+        if last < first:
+            raise ValueError(f"Slurm node list: the range {part.strip()!r} in {item!r} descends")
+        ranges.append((first, last, len(low)))
+    return match, ranges
 
 
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's compressed host list (``n[1-3,5],m2``, ``gpu[01-02]-ib``) -> host names, in order."""
+def _count(item: str, text: str) -> int:
+    """How many names ``item`` stands for, without listing them (ValueError past :data:`MAX_HOSTS`)."""
+    match, ranges = _bracket_ranges(item, text)
+    if match is None:
+        return 1
+    here = sum(last - first + 1 for first, last, _ in ranges)
+    rest = _count(item[match.end():], text) if "[" in item[match.end():] else 1
+    if here * rest > MAX_HOSTS:
+        raise ValueError(f"Slurm node list: {text[:80]!r} stands for more than {MAX_HOSTS:,} hosts")
+    return here * rest
+
+
+def _expand_brackets(item: str, text: str = "") -> list[str]:
+    """``"gpu[01-02]-ib[1,3]"`` -> every name it stands for, left bracket first."""
+    match, ranges = _bracket_ranges(item, text or item)
+    if match is None:
+        return [item]
+    names = [f"{item[:match.start()]}{number:0{width}d}{item[match.end():]}"
+             for first, last, width in ranges for number in range(first, last + 1)]
+    return [name for prefix in names for name in _expand_brackets(prefix, text or item)]
+
+
+def _items(text: str) -> list[str]:
+    """The comma-separated items of a node list (commas inside brackets belong to their item)."""
     items, depth, start = [], 0, 0
     for i, char in enumerate(text):
         depth += {"[": 1, "]": -1}.get(char, 0)
@@ -122,33 +154,89 @@ def expand_hostlist(text: str) -> list[str]:
             items.append(text[start:i])
             start = i + 1
     items.append(text[start:])
-    return [name for item in items if item.strip() for name in _expand_brackets(item.strip())]
+    return [item.strip() for item in items if item.strip()]
 
 
-def hostnames(nodelist: str) -> list[str]:
+def count_hostlist(text: str) -> int:
+    """How many host names the compressed list ``text`` stands for, checked (malformed or
+    descending ranges, more than :data:`MAX_HOSTS`: ValueError) without expanding it."""
+    total = 0
+    for item in _items(text):
+        total += _count(item, text)
+        if total > MAX_HOSTS:
+            raise ValueError(f"Slurm node list: {text[:80]!r} stands for more than {MAX_HOSTS:,} hosts")
+    return total
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list (``n[1-3,5],m2``, ``gpu[01-02]-ib``) -> host names, in order.
+    Malformed or descending ranges, and lists of more than :data:`MAX_HOSTS` names, are a
+    ValueError (counted before anything is expanded)."""
+    if not count_hostlist(text):
+        raise ValueError(f"Slurm node list: {text[:80]!r} names no host")
+    return [name for item in _items(text) for name in _expand_brackets(item, text)]
+
+
+def hostnames(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
     """The host names of a Slurm node list: ``scontrol show hostnames`` where Slurm's client is
-    installed (it knows every syntax Slurm accepts), else :func:`expand_hostlist`."""
+    installed (it knows every syntax Slurm accepts), else :func:`expand_hostlist`. The list is
+    counted first (no more than :data:`MAX_HOSTS`) and every name must be a node name
+    (:data:`NODE_NAME`): a SlurmError naming ``variable`` otherwise."""
+    try:
+        count_hostlist(nodelist)
+    except ValueError as exc:
+        raise SlurmError(f"{variable}={nodelist[:80]!r}: {str(exc).removeprefix('Slurm node list: ')}") from None
+    names: list[str] = []
     scontrol = shutil.which("scontrol")
     if scontrol:
         try:
             proc = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True,
                                   timeout=30)
-            if proc.returncode == 0 and proc.stdout.split():
-                return proc.stdout.split()
+            if proc.returncode == 0:
+                names = proc.stdout.split()
         except (OSError, subprocess.SubprocessError):
             pass
-    return expand_hostlist(nodelist)
+    if not names:
+        try:
+            names = expand_hostlist(nodelist)
+        except ValueError as exc:
+            raise SlurmError(f"{variable}={nodelist[:80]!r}: {str(exc).removeprefix('Slurm node list: ')}") from None
+    bad = next((name for name in names if not NODE_NAME.fullmatch(name)), None)
+    if bad is not None or len(names) > MAX_HOSTS:
+        raise SlurmError(f"{variable}={nodelist[:80]!r}: {bad!r:.80} is not a host name (letters, digits, '.', '-', "
+                         f"'_', not starting with '-' or '.')" if bad is not None else
+                         f"{variable}={nodelist[:80]!r} stands for more than {MAX_HOSTS:,} hosts")
+    return names
 
 
-def expand_tasks_per_node(text: str) -> list[int]:
-    """``SLURM_TASKS_PER_NODE``'s ``2(x3),1`` -> ``[2, 2, 2, 1]``."""
-    counts = []
+def expand_tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> list[int]:
+    """``SLURM_TASKS_PER_NODE``'s ``2(x3),1`` -> ``[2, 2, 2, 1]``; more than :data:`MAX_HOSTS`
+    nodes or :data:`MAX_TASKS_PER_NODE` tasks on one is a ValueError naming ``variable``."""
+    counts: list[int] = []
     for part in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        match = re.fullmatch(r"\s*(\d{1,18})(?:\(x(\d{1,18})\))?\s*", part)
         if match is None:
             raise ValueError(f"Slurm tasks per node: {part!r} in {text!r} is not N or N(xM)")
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
+        tasks, repeat = int(match.group(1)), int(match.group(2) or 1)
+        if len(counts) + repeat > MAX_HOSTS or tasks > MAX_TASKS_PER_NODE:
+            raise ValueError(f"{variable}={text[:80]!r}: more than {MAX_HOSTS:,} nodes or "
+                             f"{MAX_TASKS_PER_NODE:,} tasks on one")
+        counts += [tasks] * repeat
     return counts
+
+
+def rendezvous_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """``HVDTRAIN_SLURM_RENDEZVOUS_TIMEOUT`` in seconds (default 300): a finite number > 0, else a
+    SlurmError naming the variable."""
+    env = os.environ if environ is None else environ
+    text = env.get(TIMEOUT_VARIABLE) or "300"
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 < value <= 7 * 24 * 3600:
+        raise SlurmError(f"{TIMEOUT_VARIABLE}={text[:40]!r} is not a number of seconds in (0, 604800]")
+    return value
 
 
 def rendezvous_port(job_id: int, step_id: int, environ: Mapping[str, str] | None = None) -> int:
@@ -186,13 +274,20 @@ def slurm_step(environ: Mapping[str, str] | None = None) -> SlurmStep | None:
         return None
     if not step.isdigit():  # "batch"/"extern" steps, or Slurm's named special steps
         return None
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
+    list_variable = next((name for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                          if env.get(name)), None)
+    if list_variable is None:
         raise SlurmError("a Slurm step without a node list: neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set")
-    nodes = hostnames(nodelist)
+    nodelist = env[list_variable]
+    nodes = hostnames(nodelist, list_variable)
     size = _int(env, "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS")
-    per_node_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    per_node = expand_tasks_per_node(per_node_text) if per_node_text else []
+    per_node_variable = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    per_node_text = env.get(per_node_variable)
+    try:
+        per_node = expand_tasks_per_node(per_node_text, per_node_variable) if per_node_text else []
+    except ValueError as exc:
+        raise SlurmError(str(exc) if str(exc).startswith(per_node_variable) else
+                         f"{per_node_variable}={per_node_text[:80]!r}: {exc}") from None
     if len(per_node) != len(nodes) or sum(per_node) != size:
         if size % len(nodes):
             raise SlurmError(f"Slurm step of {size} task(s) on {len(nodes)} node(s) ({nodelist}) without a usable "
@@ -336,7 +431,7 @@ def wait_rendezvous(step: SlurmStep, address: str, environ: Mapping[str, str] | 
     import urllib.request
 
     env = os.environ if environ is None else environ
-    timeout = float(env.get(TIMEOUT_VARIABLE) or 300)
+    timeout = rendezvous_timeout(env)
     url = f"http://{address}:{step.port}/{SCOPE}/{KEY}"
     deadline = time.monotonic() + timeout
     while True:
@@ -360,6 +455,7 @@ def prepare_slurm_step(step: SlurmStep, environ: dict[str, str] | None = None) -
     others wait for it; Horovod's variables are set in ``environ`` (default ``os.environ``;
     variables the user set already, such as ``HOROVOD_GLOO_IFACE``, are kept). Returns them."""
     env = os.environ if environ is None else environ
+    rendezvous_timeout(env)  # a bad value is named before task 0 serves or the others wait
     if step.rank == 0 and step.node != step.nodes[0]:
         raise SlurmError(f"Slurm task 0 runs on {step.node}, not on the step's first node {step.nodes[0]}: use "
                          f"srun's default block or cyclic distribution")
@@ -373,7 +469,7 @@ def prepare_slurm_step(step: SlurmStep, environ: dict[str, str] | None = None) -
     # system can take minutes): Gloo's own wait for every rank (30 s by default) gets the
     # rendezvous timeout, unless the user set it
     variables["HOROVOD_GLOO_TIMEOUT_SECONDS"] = env.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or str(
-        int(float(env.get(TIMEOUT_VARIABLE) or 300)))
+        int(rendezvous_timeout(env)))
     for name in ("HOROVOD_GLOO_IFACE",):
         if env.get(name):
             variables[name] = env[name]
@@ -393,16 +489,18 @@ def allocation_hosts(environ: Mapping[str, str] | None = None) -> list[tuple[str
     """The job allocation's nodes and the tasks Slurm gave each (``SLURM_JOB_NODELIST`` and
     ``SLURM_TASKS_PER_NODE``), for ``horovodrun -H`` or an MPI host file inside the batch script."""
     env = os.environ if environ is None else environ
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    list_variable = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    nodelist = env.get(list_variable)
     if not nodelist:
         raise SlurmError("not inside a Slurm allocation: SLURM_JOB_NODELIST is not set (run this in an sbatch script "
                          "or an salloc shell)")
-    nodes = hostnames(nodelist)
+    nodes = hostnames(nodelist, list_variable)
     per_node_text = env.get("SLURM_TASKS_PER_NODE") or ""
     try:
         per_node = expand_tasks_per_node(per_node_text) if per_node_text else [1] * len(nodes)
     except ValueError as e:
-        raise SlurmError(str(e)) from None
+        raise SlurmError(str(e) if str(e).startswith("SLURM_TASKS_PER_NODE") else
+                         f"SLURM_TASKS_PER_NODE={per_node_text[:80]!r}: {e}") from None
     if len(per_node) != len(nodes):
         raise SlurmError(f"SLURM_TASKS_PER_NODE={per_node_text!r} names {len(per_node)} node(s) but "
                          f"SLURM_JOB_NODELIST={nodelist!r} has {len(nodes)}")

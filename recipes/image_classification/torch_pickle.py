@@ -32,8 +32,37 @@ class _StorageType:
         self.name = name
 
 
+def _whole_numbers(value: Any, what: str) -> tuple[int, ...]:
+    """``value`` as a tuple of plain non-negative ints, else NotWeightsError naming ``what``."""
+    if not isinstance(value, (tuple, list)) or len(value) > 64 or not all(
+            type(v) is int and 0 <= v < 2**62 for v in value):
+        raise NotWeightsError(f"a tensor's {what} {value!r:.80} is not a list of non-negative integers")
+    return tuple(value)
+
+
 def _rebuild_tensor(storage: np.ndarray, offset: int, size: tuple, stride: tuple, *_: Any) -> np.ndarray:
-    view = np.lib.stride_tricks.as_strided(storage[offset:], shape=tuple(size),
+    """The tensor ``storage[offset]`` viewed with ``size`` and ``stride`` (in elements), copied.
+
+    The file's geometry is checked against the storage before anything is viewed: every element
+    the view can reach (offset + sum((size - 1) * stride)) lies inside the storage, and the tensor
+    holds no more elements than its storage (a weights file's tensors never overlap themselves).
+    A file that claims more (before: a crash, or process memory read into the weights) is
+    refused."""
+    if not isinstance(storage, np.ndarray) or storage.ndim != 1:
+        raise NotWeightsError("a tensor without its storage")
+    (offset,) = _whole_numbers((offset,), "storage offset")
+    size, stride = _whole_numbers(size, "size"), _whole_numbers(stride, "stride")
+    if len(size) != len(stride):
+        raise NotWeightsError(f"a tensor of size {size} has the strides {stride}")
+    count = int(np.prod(size, dtype=object))
+    if count:
+        last = offset + sum((n - 1) * s for n, s in zip(size, stride))
+        if last >= len(storage) or count > len(storage):
+            raise NotWeightsError(f"a tensor of size {size}, strides {stride} and offset {offset} reaches past its "
+                                  f"storage of {len(storage)} elements")
+    elif offset > len(storage):
+        raise NotWeightsError(f"a tensor's storage offset {offset} lies past its storage of {len(storage)} elements")
+    view = np.lib.stride_tricks.as_strided(storage[offset:], shape=size,
                                            strides=[s * storage.itemsize for s in stride])
     return np.array(view)  # a copy: the storage may be shared by several tensors
 
@@ -61,7 +90,15 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> np.ndarray:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
             raise NotWeightsError(f"unexpected persistent id {pid!r:.80}")
-        raw = self.archive.read(f"{self.prefix}data/{pid[2]}")
+        name = f"{self.prefix}data/{pid[2]}"
+        try:
+            info = self.archive.getinfo(name)
+        except KeyError:
+            raise NotWeightsError(f"it has no storage {name!r:.80}") from None
+        if info.file_size > 100 * info.compress_size + (1 << 20):  # a zip bomb (torch stores, never compresses)
+            raise NotWeightsError(f"its storage {name!r:.80} unpacks to {info.file_size:,} bytes from "
+                                  f"{info.compress_size:,}")
+        raw = self.archive.read(info)
         dtype = STORAGES[pid[1].name]
         if dtype == "bfloat16":  # no NumPy bfloat16: the upper half of a float32
             return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)

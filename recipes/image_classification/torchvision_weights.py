@@ -65,8 +65,9 @@ def read_state_dict(path: str | Path, framework: str = "torch") -> dict[str, np.
                               "install it, or convert the file to .safetensors") from None
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: no code runs
-        except Exception as exc:
-            raise ConfigError(f"model.pretrained: {path} is not a weights-only torch state dict ({exc})") from None
+        except Exception as exc:  # torch's own message spans many lines: its first says what
+            raise ConfigError(f"model.pretrained: {path} is not a weights-only torch state dict "
+                              f"({(str(exc).strip().splitlines() or [type(exc).__name__])[0]})") from None
         state = {k: v.detach().float().numpy() if v.is_floating_point() else v.detach().numpy()
                  for k, v in _unwrap(state, path).items() if isinstance(v, torch.Tensor)}
     else:
