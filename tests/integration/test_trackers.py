@@ -8,7 +8,6 @@ The logic (catch-up, refusals, the TensorBoard switch) is in-process in tests/fa
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -50,11 +49,10 @@ def test_killed_and_resumed_job_is_one_run_with_every_epoch_once(tmp_path, frame
     from mlflow import MlflowClient
 
     out, env = tmp_path / "run", tracker_env(tmp_path, mlflow_uri)
-    started = time.monotonic()
+    # a job that does not come down after rank 0 was killed fails on the call's timeout (a hang bound)
     crash = horovodrun(command(framework, out), check=False, timeout=400,
                        env={**env, "HVDTRAIN_FAULT": f"kill:rank=0:step={KILL_AT}"})
     assert crash.returncode != 0
-    assert time.monotonic() - started < 240, "the job did not come down after rank 0 was killed"
     assert [r["epoch"] for r in run_metrics(out)] == [1]
     resumed = horovodrun(command(framework, out, "--resume"), timeout=400, env=env)
     assert re.search(r"mlflow run \w+ continued \(epochs it holds: 1\)", resumed.stdout)
@@ -90,12 +88,11 @@ def test_killed_and_resumed_job_is_one_run_with_every_epoch_once(tmp_path, frame
 
 def test_an_unreachable_server_stops_every_rank_before_training(tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"
-    started = time.monotonic()
+    # a rank left waiting on the others fails the call's timeout (a hang bound, not a timing)
     job = horovodrun([hvdtrain_cli(), "recipe", "image-classification", "--framework", "torch", "--output",
                       tmp_path / "down", *RUN], check=False, timeout=300,
                      env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true", "WANDB_MODE": "offline"})
     assert job.returncode != 0
-    assert time.monotonic() - started < 200
     said = job.stdout + job.stderr
     assert f"log.trackers=mlflow: cannot reach the MLflow tracking server at {uri}" in said
     for rank in (0, 1):  # both ranks stop with the line (rank 1 with rank 0's verdict): none hangs

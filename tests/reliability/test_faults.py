@@ -8,7 +8,6 @@ import hashlib
 import json
 import resource
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -36,22 +35,22 @@ def tree_digest(folder):
 
 @pytest.mark.distributed
 def test_a_rank_that_raises_brings_the_job_down_with_its_traceback(tmp_path):
-    started = time.monotonic()
-    proc = horovodrun(recipe(tmp_path / "run", "--epochs", "1"), check=False,
+    # a job that does not come down fails on the call's timeout (a hang bound, not a timing: no
+    # wall-clock bound that a slow or loaded machine could miss)
+    proc = horovodrun(recipe(tmp_path / "run", "--epochs", "1"), check=False, timeout=300,
                       env={"HVDTRAIN_FAULT": "raise:rank=1:step=3"})
     assert proc.returncode != 0
-    assert time.monotonic() - started < 90
     assert "injected failure on rank 1 at step 3" in proc.stdout + proc.stderr
 
 
 @pytest.mark.distributed
 def test_a_hung_rank_becomes_an_error_after_the_stall_timeout(tmp_path):
-    started = time.monotonic()
+    # without the stall timeout the job would hang until the call's timeout (its failure); the
+    # witness that the stall timeout ended it is its message below, not the wall-clock time
     proc = horovodrun(recipe(tmp_path / "run", "--epochs", "1", "--set", "train.stall_timeout_sec=10"),
                       check=False, env={"HVDTRAIN_FAULT": "hang:rank=1:step=3"}, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert time.monotonic() - started < 150
     assert "train.stall_timeout_sec=10" in output
     assert "rank 1 did not arrive at the collective" in output
     assert "rank 0: no progress" in output and "waiting in collectives" in output
