@@ -120,6 +120,12 @@ class OptimConfig:
     backbone_lr_factor: float = _f(1.0, "fine-tuning: the backbone's learning rate as a fraction of the head's "
                                    "(the classification head always gets the full rate)", min=0.0,
                                    resume="state")
+    schedule: str = _f("auto", "who sets the LR: 'auto' runs hvdtrain's schedule (lr scaled, warmup, decay) for an "
+                       "optimizer built from optim.* (build_optimizer) and leaves the task's own optimizer and "
+                       "scheduler as given; 'hvdtrain' runs it on the task's optimizer too (base LR: the "
+                       "optimizer's); 'task' never sets the LR", choices=("auto", "hvdtrain", "task"))
+    ran: str = _f("", "written by the trainer into config.yaml: the task's own optimizer (and scheduler) that "
+                  "ran; ignored when read")
 
 
 @dataclass
@@ -129,7 +135,8 @@ class TrainConfig:
     epochs: int = _f(1, "number of epochs", min=1)
     batch_size: int = _f(64, "batch size per worker (the global batch is batch_size * world size)", min=1,
                          resume="state")
-    seed: int = _f(42, "seed for model init, shuffling and augmentation", min=0, resume="data")
+    seed: int = _f(42, "seed for model init, shuffling and augmentation", min=0, max=2**32 - 1,  # NumPy's limit
+                   resume="data")
     grad_accumulation: int = _f(1, "micro-batches whose gradients are summed before one allreduce and "
                                 "update (Horovod's backward_passes_per_step)", min=1, resume="state")
     fp16_allreduce: bool = _f(False, "older spelling of comm.compression=fp16 (kept as an alias): gradients travel "
@@ -435,10 +442,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{key}: expected a string, got {_short(value)}")
-        return str(value)
+        return getattr(value, "text", None) or str(value)  # a number read from YAML: as it was written
     if tp is Any and not _is_flat(value):  # parallel.cut: a word or a list of numbers, never a deep tree
         raise ConfigError(f"{key}: expected a value or a list of values, got {_short(value)}")
-    return value
+    return _plain(value)
 
 
 def _is_flat(value: Any) -> bool:
@@ -587,6 +594,103 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class _Int(int):
+    """An integer read from YAML, with the text it was written as (``0755``, ``010``): a string key
+    given it keeps that text, not the number's spelling."""
+
+    text: str
+
+
+class _Float(float):
+    """A float read from YAML, with the text it was written as (``1.10``)."""
+
+    text: str
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with :class:`_Int`/:class:`_Float` (anywhere in a list) made plain numbers."""
+    if isinstance(value, _Int):
+        return int(value)
+    if isinstance(value, _Float):
+        return float(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's core schema and no duplicate keys, for config files
+    (YAML and JSON) and ``--set`` values alike.
+
+    YAML 1.1 (PyYAML's default) reads ``010`` as 8, ``0123`` as 83, ``1:30`` as 90, ``yes``/``on``
+    as true and ``2020-01-01`` as a date; YAML 1.2 reads decimal digits as decimal, ``0o``/``0x``
+    as octal/hex, only ``true``/``false`` as truth values and no sexagesimal numbers or dates.
+    Numbers keep the text they were written as (a string key given ``1.10`` gets ``"1.10"``).
+    A key given twice in one mapping (a section written twice, whose first block YAML 1.1 silently
+    dropped) is an error naming the key and both lines, as TOML does."""
+
+    yaml_implicit_resolvers: dict = {}
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # unhashable: PyYAML's own error follows
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {_short(key)} (first given at line {first.line + 1}); give "
+                        f"each key once", key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: yaml.Node) -> int:
+        text = str(self.construct_scalar(node))
+        body = text.lstrip("+-")
+        base = {"0o": 8, "0x": 16}.get(body[:2].lower(), 10)
+        number = _Int((-1 if text.startswith("-") else 1) * int(body[2:] if base != 10 else body, base))
+        number.text = text
+        return number
+
+    def construct_yaml_float(self, node: yaml.Node) -> float:
+        text = str(self.construct_scalar(node))
+        lowered = text.lower()
+        if lowered.lstrip("+-") in (".inf", ".nan"):
+            number = _Float(("-" if lowered.startswith("-") else "") + lowered.lstrip("+-")[1:])
+        else:
+            number = _Float(text)
+        number.text = text
+        return number
+
+
+for _first, _resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items():  # keep null, merge, value
+    ConfigLoader.yaml_implicit_resolvers[_first] = [
+        (tag, regexp) for tag, regexp in _resolvers
+        if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+                       "tag:yaml.org,2002:timestamp")]
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                   list("tTfF"))
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                                   list("-+0123456789"))
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+.0123456789"))
+ConfigLoader.add_constructor("tag:yaml.org,2002:int", ConfigLoader.construct_yaml_int)
+ConfigLoader.add_constructor("tag:yaml.org,2002:float", ConfigLoader.construct_yaml_float)
+ConfigLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_scalar)  # !!timestamp: text
+
+
+def read_yaml(text: str) -> Any:
+    """``text`` read with :class:`ConfigLoader` (YAML 1.2 core schema, no duplicate keys)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506  (a SafeLoader subclass)
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """Split ``section.key=value``; the value is read as YAML (so 3, 0.1, true and null are typed)."""
     if "=" not in text:
@@ -598,7 +702,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not raw.strip() or _nesting(raw) > MAX_NESTING:
         return key, raw if raw.strip() else ""
     try:
-        value = yaml.safe_load(raw)
+        value = read_yaml(raw)
     except (yaml.YAMLError, ValueError, RecursionError):  # not YAML (or a bad !!tag): the text itself
         value = raw
     return key, value
@@ -641,7 +745,7 @@ def read_file(path: str | Path) -> dict[str, Any]:
         if _nesting(text) > MAX_NESTING:
             raise ConfigError(f"config file {path}: brackets nested more than {MAX_NESTING} deep")
         try:
-            data = yaml.safe_load(text) or {}
+            data = read_yaml(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path}: {_yaml_problem(exc)}") from None
         except ValueError as exc:  # a value the YAML tag cannot hold (!!int abc, month 13, too many digits)

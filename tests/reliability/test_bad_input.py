@@ -119,6 +119,11 @@ def hosts(spec: str) -> Callable[[Path, Path], list[str]]:
     return lambda inp, out: ["env", "--hosts", spec.replace("INP", str(inp))]
 
 
+def slurm_hosts(variables: dict[str, str]) -> Callable[[Path, Path], list[str]]:
+    """``hvdtrain slurm-hosts`` inside an allocation whose variables are ``variables``."""
+    return lambda inp, out: [{"SLURM_TASKS_PER_NODE": "1", **variables}, "slurm-hosts"]
+
+
 def earlier_run(change: Callable[[Path], object] = lambda out: None, *args: str) -> Callable[[Path, Path], list[str]]:
     """``out`` holds a finished one-epoch run (its checkpoint, metrics, config; copied from
     :func:`finished_run`), changed by ``change``; then the command of that run (its data, only
@@ -239,6 +244,15 @@ CASES = {
     "config file extension": Case(config_file("c.cfg", b"x"), ("c.cfg", "unknown extension"), 2),
     "config file aliases": Case(config_file("c.yaml", b"parallel:\n  cut: [&a [1,1,1,1], &b [*a,*a,*a,*a]]\n"),
                                 ("parallel.cut",), 2),
+    "config file: a section twice (issue 41, item 7)": Case(
+        config_file("c.yaml", b"train:\n  batch_size: 16\nlog:\n  log_dir: x\ntrain:\n  epochs: 1\n"),
+        ("c.yaml", "line 5", "duplicate key 'train'"), 2),
+    "config file: a JSON key twice (issue 41, item 7)": Case(
+        config_file("c.json", b'{"train": {"epochs": 1, "epochs": 2}}'), ("c.json", "duplicate key 'epochs'"), 2),
+    "sexagesimal epochs (issue 41, item 7)": Case(flag("--set", "train.epochs=1:30"),
+                                                  ("train.epochs: expected an integer, got '1:30'",), 2),
+    "seed beyond NumPy's (issue 41, item 7)": Case(flag("--set", "train.seed=4294967296"),
+                                                   ("train.seed: 4294967296 is out of range",), 2),
     "unknown recipe": Case(lambda inp, out: ["recipe", "no-such-recipe", "--output", str(out)],
                            ("unknown recipe 'no-such-recipe'", "image-classification"), 2),
     "unknown framework": Case(flag("--framework", "jax"), ("'jax' is not one of", "torch", "tensorflow"), 2),
@@ -280,6 +294,14 @@ CASES = {
     # hosts (item 4)
     "host name is an ssh option (item 4)": Case(hosts("-oProxyCommand=touch INP/marker:1"),
                                                 ("-oProxyCommand=touch", "is not a host name")),
+    # hostile Slurm variables (issue 41, item 6)
+    "Slurm: node list of 100 million hosts (issue 41, item 6)": Case(
+        slurm_hosts({"SLURM_JOB_NODELIST": "node[0-99999999]"}), ("SLURM_JOB_NODELIST=", "more than 200,000 hosts")),
+    "Slurm: descending node range (issue 41, item 6)": Case(
+        slurm_hosts({"SLURM_JOB_NODELIST": "node[5-1]"}), ("SLURM_JOB_NODELIST='node[5-1]'", "descends")),
+    "Slurm: tasks per node x 99999999999 (issue 41, item 6)": Case(
+        slurm_hosts({"SLURM_JOB_NODELIST": "n1", "SLURM_TASKS_PER_NODE": "1(x99999999999)"}),
+        ("SLURM_TASKS_PER_NODE='1(x99999999999)'",)),
     # an output folder of an earlier run (items 4, 5, 7)
     "used output without --resume (item 5)": Case(earlier_run(), ("--resume", "metrics.jsonl")),
     "resume with another seed (item 7)": Case(earlier_run(lambda out: None, "--resume", "--set", "train.seed=7"),
@@ -326,10 +348,13 @@ class Outcome:
 
 def hvdtrain(argv: list[str]) -> Outcome:
     """``hvdtrain ARGV`` in this process; what it left in os.environ (Horovod's controller, the
-    CLI's TF_CPP_MIN_LOG_LEVEL) is put back. An exception other than the exit escapes (a crash)."""
+    CLI's TF_CPP_MIN_LOG_LEVEL) is put back. An exception other than the exit escapes (a crash).
+    A mapping first in ``argv`` holds environment variables for this command only."""
     before = dict(os.environ)
+    env = argv[0] if argv and isinstance(argv[0], dict) else None
     try:
-        result = CliRunner().invoke(main, argv, prog_name="hvdtrain", catch_exceptions=False)
+        result = CliRunner(env=env).invoke(main, argv[1:] if env else argv, prog_name="hvdtrain",
+                                           catch_exceptions=False)
     finally:
         restore_environ(before)
     return Outcome(result.exit_code, result.stderr)

@@ -111,6 +111,9 @@ def test_structured_config_files(pairs, suffix):
                  b"&e [*d,*d,*d,*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e,*e,*e,*e], "
                  b"&g [*f,*f,*f,*f,*f,*f,*f,*f,*f], &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]]\n",
          suffix=".yaml")  # aliases: 43 million leaves when copied; was a hang in validate's asdict
+@example(content=b"train:\n  batch_size: 16\ntrain:\n  epochs: 2\n", suffix=".yaml")  # issue 41: dropped the 1st
+@example(content=b'{"train": {"epochs": 2, "epochs": 3}}', suffix=".json")  # issue 41: kept the last
+@example(content=b"train:\n  epochs: 010\n  seed: 4294967296\n", suffix=".yaml")  # issue 41: 8, then a late error
 def test_raw_config_files(content, suffix):
     _load_file("config" + suffix, content)
 
@@ -124,6 +127,8 @@ def test_raw_config_files(content, suffix):
 @example(overrides=["train.epochs=!!timestamp 2020-13-45"])  # was ValueError from the YAML constructor
 @example(overrides=["train.epochs=" + "9" * 5000])  # was ValueError: too many digits for int()
 @example(overrides=["train.epochs=" + "[" * 3000])  # was RecursionError
+@example(overrides=["train.epochs=1:30", "train.seed=0123"])  # issue 41: were 90 and 83 (YAML 1.1)
+@example(overrides=["log.run_name={a: 1, a: 2}"])  # issue 41: a duplicate key in a --set mapping
 def test_set_overrides(overrides):
     with tempfile.TemporaryDirectory() as tmp:
         try:
