@@ -127,6 +127,23 @@ class FrameworkAdapter(ABC):
         included): adapters that support ``model.freeze_backbone_epochs`` freeze or release the
         backbone here (:mod:`hvdtrain.core.finetune`). Not a collective; by default nothing."""
 
+    # Set by the Trainer before prepare(): True when the task's own optimizer and scheduler set the LR
+    # (hvdtrain.core.optimizer_policy), so set_learning_rate is never called and the LR is read back.
+    task_lr: bool = False
+
+    def describe_optimizer(self, task: Any) -> Any:
+        """The task's optimizer and scheduler as an :class:`~hvdtrain.core.optimizer_policy.OptimizerFacts`,
+        read before :meth:`prepare`; None (this default) keeps hvdtrain's schedule for it."""
+        return None
+
+    def learning_rate(self) -> float:
+        """The LR the next update uses, read from the optimizer (``task_lr``: what the loop reports)."""
+        raise NotImplementedError(f"{type(self).__name__} does not read its optimizer's LR")
+
+    def step_scheduler(self) -> None:
+        """After every optimizer update with ``task_lr``: step the task's own scheduler once (by
+        default there is none)."""
+
     @abstractmethod
     def broadcast_state(self, root_rank: int = 0) -> None:
         """Copy model parameters and optimizer state from ``root_rank`` to every rank."""

@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.core import dataset_check, early_stop, elastic, resume, rules, sharding, startup
+from hvdtrain.core import dataset_check, early_stop, elastic, optimizer_policy, resume, rules, sharding, startup
 from hvdtrain.core.adapter import FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager
-from hvdtrain.core.config import RunConfig, dump_yaml
+from hvdtrain.core.config import RunConfig
 from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.evaluation import evaluate
@@ -113,6 +113,13 @@ class Trainer:
             raise TrainingError(f"{len(task.train_data)} training samples cannot be shared by {ctx.size} workers")
         if len(task.val_data) == 0:
             raise TrainingError("the validation set is empty")
+        # whose LR runs: hvdtrain's schedule, or the task's own optimizer and scheduler (optimizer_policy)
+        has_scheduler = getattr(task, "scheduler", None) is not None
+        self.lr_policy, notes = optimizer_policy.decide(cfg, adapter.describe_optimizer(task), has_scheduler)
+        optimizer_policy.check_task_schedule(cfg, self.lr_policy, has_scheduler)
+        for note in notes:
+            gate.print(note)
+        adapter.task_lr = self.lr_policy.task
         self.watchdog.beat(0, "preparing the model and optimizer")
         adapter.prepare(task, cfg)
         self.hooks = run_callbacks(cfg, self.watchdog, task.export, output, self.callbacks)
@@ -139,7 +146,10 @@ class Trainer:
         """Rank 0, once every rank has agreed on the start: ``config.yaml``, and its pid and host
         in the output's lock file (what a run refused by the lock names)."""
         if self.ctx.is_main:
-            atomic_write_text(self.output / CONFIG_FILE, dump_yaml(self.config))
+            import yaml
+
+            ran = optimizer_policy.ran_config(self.config, getattr(self, "lr_policy", None))  # what ran
+            atomic_write_text(self.output / CONFIG_FILE, yaml.safe_dump(ran, sort_keys=False))
             self.lock.announce()
 
     def _reseed(self, position: Position) -> None:
@@ -159,13 +169,16 @@ class Trainer:
         cfg, adapter, ctx, gate = self.config, self.adapter, self.ctx, self.gate
         dataset_check.check_same_data(adapter, task)  # every rank (re-formed ones too) trains the same data
         micro_steps, opt_steps = self._steps(task)
-        schedule = build_schedule(cfg.optim, ctx.data_size, opt_steps, cfg.train.epochs, cfg.train.grad_accumulation)
+        policy = getattr(self, "lr_policy", None) or optimizer_policy.LRPolicy("hvdtrain", None, cfg.optim)
+        schedule = None if policy.task else build_schedule(
+            policy.optim or cfg.optim, ctx.data_size, opt_steps, cfg.train.epochs, cfg.train.grad_accumulation)
         position = state.position
         gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {len(task.train_data)} train / "
                    f"{len(task.val_data)} val samples, {micro_steps} steps/epoch of {cfg.train.batch_size} "
-                   f"per worker, peak LR {schedule.peak_lr:g}")
+                   f"per worker, " + (policy.describe() if schedule is None else f"peak LR {schedule.peak_lr:g}"))
         self.hooks.on_train_begin(ctx, {"config": cfg, "output": self.output, "start_epoch": position.epoch,
-                                        "steps_per_epoch": micro_steps, "world_size": ctx.size})
+                                        "steps_per_epoch": micro_steps, "world_size": ctx.size,
+                                        "config_ran": optimizer_policy.ran_config(cfg, policy)})
         global_step = position.step
         stopper = early_stop.continue_from(cfg, state.history, gate)  # None when off
         end = position.epoch if stopper and stopper.stopped else cfg.train.epochs
@@ -217,7 +230,8 @@ class Trainer:
     def _train_epoch(self, task: Any, epoch: int, schedule: Any, stats: EpochStats, start: int,
                      state: TrainingState) -> None:
         """One pass over this rank's shard from position ``start``: per micro-batch, the LR at its
-        position, the train step, the callbacks, the checkpoint and elastic-commit cadences."""
+        position (``schedule``; None: the task's own LR, read back, and its scheduler stepped after
+        each update), the train step, the callbacks, the checkpoint and elastic-commit cadences."""
         cfg, adapter, ctx = self.config, self.adapter, self.ctx
         accum, batch_size = cfg.train.grad_accumulation, cfg.train.batch_size
         samples_per_step = batch_size * ctx.data_size * accum
@@ -230,14 +244,17 @@ class Trainer:
         loaded = prefetch(batch_list, lambda idx: task.train_data.get_batch(idx, epoch), cfg.data.prefetch_batches)
         self.watchdog.beat(stats.global_step, "loading the first batch")
         for i, (inputs, targets) in enumerate(loaded):
-            if i % accum == 0:  # the LR at this position in the data, whatever the world size
-                stats.lr = schedule(schedule_step(epoch, start + i * batch_size * ctx.data_size,
-                                                  samples_per_step, steps_per_epoch))
-                adapter.set_learning_rate(stats.lr)
+            if i % accum == 0:
+                if schedule is not None:  # the LR at this position in the data, whatever the world size
+                    stats.lr = schedule(schedule_step(epoch, start + i * batch_size * ctx.data_size,
+                                                      samples_per_step, steps_per_epoch))
+                    adapter.set_learning_rate(stats.lr)
                 window_samples = sum(len(b) for b in batch_list[i:i + accum])  # a short last window: what it holds
             apply = (i + 1) % accum == 0 or i == last
             step = {"global_step": stats.global_step, "weight": len(targets) / window_samples}
             self.hooks.on_step_begin(epoch, i, step)  # watchdog, injected faults (NaN: in the weight)
+            if schedule is None and i % accum == 0:
+                stats.lr = adapter.learning_rate()  # the task's own LR, as this update uses it
             try:
                 loss = adapter.train_step(inputs, targets, apply_update=apply, weight=step["weight"])
             except NonFiniteGradientError as exc:
@@ -245,6 +262,8 @@ class Trainer:
                     f"{exc} at epoch {epoch + 1}, batch {i + 1} (optimizer step {stats.global_step + 1}); stopped "
                     f"without saving it. train.nonfinite=skip drops such updates instead") from None
             stats.global_step += int(apply)
+            if apply and schedule is None:
+                adapter.step_scheduler()  # the task's own scheduler: once per update
             stats.loss_sum += loss * len(targets)
             stats.samples += len(targets)
             seen += len(targets)

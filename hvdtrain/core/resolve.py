@@ -23,5 +23,30 @@ def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None 
     sections of the recipe in force, and refuse a combination the rulebook refuses."""
     config = _config.load_config(defaults, file, overrides, schema=config_schema, **top)
     rules.check(config)
+    # what the user set, for the rule that optim.* defaults never touch the task's own optimizer
+    # (hvdtrain.core.optimizer_policy): an instance attribute, carried where the config is pickled
+    config.explicit_keys = frozenset(given_keys(defaults, file, overrides, top))
     return config
+
+
+def given_keys(defaults: dict[str, Any] | None, file: str | Path | None, overrides: list[str] | tuple[str, ...],
+               top: dict[str, Any]) -> set[str]:
+    """The dotted keys set by the recipe's ``defaults``, the config ``file``, ``top`` (None values
+    skipped) and the ``overrides``."""
+    keys: set[str] = set()
+
+    def walk(data: Any, prefix: str) -> None:
+        for key, value in (data or {}).items():
+            dotted = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(value, dotted + ".")
+            else:
+                keys.add(dotted)
+
+    walk(defaults, "")
+    if file:
+        walk(_config.read_file(file), "")
+    keys.update(key.replace("__", ".") for key, value in top.items() if value is not None)
+    keys.update(_config.parse_override(text)[0] for text in overrides)
+    return keys
 

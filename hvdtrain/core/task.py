@@ -62,6 +62,17 @@ class TrainTask:
     variables (Keras): what ``model.freeze_backbone_epochs`` keeps training and
     ``optim.backbone_lr_factor`` leaves at the full rate (:mod:`hvdtrain.core.finetune`); without it
     the model's module or layer named ``classifier``, ``fc`` or ``head`` is the head.
+
+    **Whose learning rate runs** (:mod:`hvdtrain.core.optimizer_policy`). An ``optimizer`` built
+    from ``optim.*`` by ``hvdtrain.torch.build_optimizer`` / ``hvdtrain.tensorflow.build_optimizer``
+    gets hvdtrain's schedule (``optim.lr`` scaled by the global batch, warmup, decay). Any other
+    optimizer is the task's own and runs as given: its LR, and ``scheduler`` if the task carries
+    one (a torch ``LRScheduler`` built on ``optimizer``; a Keras ``LearningRateSchedule``, or a
+    Keras optimizer built with one), which the loop steps once after every optimizer update (never
+    on the state-creating step at start-up), checkpoints and resumes exactly. ``optim.*`` defaults
+    never change it; a contradicting ``optim.name``/``optim.lr`` the user set is refused by name;
+    ``optim.schedule=hvdtrain`` asks for hvdtrain's schedule on it. ``config.yaml``, the progress
+    line, ``metrics.jsonl`` and the trackers report the LR each update used and the optimizer that ran.
     """
 
     model: Any
@@ -75,3 +86,4 @@ class TrainTask:
     info: dict[str, Any] = field(default_factory=dict)
     pipeline_blocks: Callable[[], list[Any]] | None = None  # see the class docstring
     head: Callable[[], list[Any]] | None = None  # see the class docstring (fine-tuning controls)
+    scheduler: Any = None  # the task's own LR scheduler: see the class docstring

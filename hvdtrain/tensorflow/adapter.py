@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.core import finetune
+from hvdtrain.core.optimizer_policy import FROM_CONFIG, OptimizerFacts, mark_from_config
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.comm import overlap_gradients
@@ -109,6 +110,10 @@ class TensorFlowAdapter(FrameworkAdapter):
         train_config, optim_config = config.train, config.optim
         self.task = task
         self.model = task.model
+        if self.task_lr and getattr(task, "scheduler", None) is not None:
+            # the task's LearningRateSchedule becomes its optimizer's: evaluated at the optimizer's
+            # update count inside the traced step, saved and resumed with the optimizer's variables
+            task.optimizer.learning_rate = task.scheduler
         self.loss_scaling = train_config.mixed_precision == "fp16"
         self.optimizer = keras.mixed_precision.LossScaleOptimizer(task.optimizer) if self.loss_scaling \
             else task.optimizer
@@ -160,13 +165,42 @@ class TensorFlowAdapter(FrameworkAdapter):
         # The schedule's learning rate goes into the update step's graph (set_learning_rate records
         # it) where the optimizer's is a variable: the sharded optimizer sets its own eagerly.
         lr = self.optimizer.learning_rate
-        self._lr_variable = lr if isinstance(lr, keras.Variable) and self.sharded is None else None
+        self._lr_variable = lr if isinstance(lr, keras.Variable) and self.sharded is None and not self.task_lr else None
         self._lr = float(lr.numpy()) if self._lr_variable is not None else None
 
     sharded: ShardedOptimizer | None = None  # parallel.shard_optimizer's, set by prepare()
     _lr_variable: Any = None  # the optimizer's LR variable the update step assigns (prepare(); None: set eagerly)
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0
+
+    def describe_optimizer(self, task: Any) -> OptimizerFacts | None:
+        """The task's Keras optimizer and LR schedule (refused by name when they are not ones)."""
+        optimizer, scheduler = task.optimizer, getattr(task, "scheduler", None)
+        schedule_type = keras.optimizers.schedules.LearningRateSchedule
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ConfigError(f"TrainTask.optimizer: {_qualname(optimizer)} is not a Keras optimizer")
+        own = getattr(optimizer, "_learning_rate", None)
+        own = own if isinstance(own, schedule_type) else None
+        if scheduler is not None and not isinstance(scheduler, schedule_type):
+            raise ConfigError(f"TrainTask.scheduler: {_qualname(scheduler)} is not a "
+                              f"keras.optimizers.schedules.LearningRateSchedule (accepted: one, or an optimizer "
+                              f"built with one)")
+        if scheduler is not None and own is not None:
+            raise ConfigError(f"TrainTask.scheduler: the optimizer {_qualname(optimizer)} already has the schedule "
+                              f"{_qualname(own)}; give one of them")
+        schedule = scheduler if scheduler is not None else own
+        if schedule is not None:
+            lr = float(np.asarray(schedule(optimizer.iterations)))
+            base = getattr(schedule, "initial_learning_rate", None)
+        else:
+            lr = base = float(np.asarray(optimizer.learning_rate))
+        return OptimizerFacts(_qualname(optimizer), lr, float(base) if base is not None else None,
+                              bool(getattr(optimizer, FROM_CONFIG, False)),
+                              _qualname(schedule) if schedule is not None else None)
+
+    def learning_rate(self) -> float:
+        optimizer = self.sharded.inner if self.sharded is not None else self.inner_optimizer
+        return float(np.asarray(optimizer.learning_rate))
 
     def _fine_tuning(self, task: Any, config: Any) -> None:
         """``self.control`` for ``model.freeze_backbone_epochs`` and ``optim.backbone_lr_factor``."""
@@ -414,6 +448,10 @@ class TensorFlowAdapter(FrameworkAdapter):
         _load_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
 
 
+def _qualname(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
 def _save_variables(path: Path, variables: list[Any]) -> None:
     """Variables in order, as a NumPy .npz (no pickled objects), with their paths for checking:
     ``np.savez``'s file (``v00000.npy``... then ``paths.npy``, stored, zip64), written one variable
@@ -564,8 +602,9 @@ def low_rank_variables(model: Any) -> list[Any]:
 
 def build_optimizer(optim_config: Any, exclude_from_weight_decay: list[str] | None = None,
                     exclude_variables: list[Any] | None = None) -> keras.optimizers.Optimizer:
-    """The Keras optimizer an :class:`~hvdtrain.core.config.OptimConfig` names (LR is set per step
-    by the schedule). Variables whose names contain a string in ``exclude_from_weight_decay``, and
+    """The Keras optimizer an :class:`~hvdtrain.core.config.OptimConfig` names, marked as built from
+    ``optim.*``: hvdtrain's schedule sets its LR before every update
+    (:mod:`hvdtrain.core.optimizer_policy`). Variables whose names contain a string in ``exclude_from_weight_decay``, and
     those in ``exclude_variables`` (e.g. :func:`low_rank_variables`), get no weight decay. Weight
     decay means what it means in torch: coupled L2 for ``sgd`` and ``adam``, decoupled for
     ``adamw``. Adam and AdamW use torch's epsilon (1e-8) and its placement."""
@@ -580,4 +619,4 @@ def build_optimizer(optim_config: Any, exclude_from_weight_decay: list[str] | No
         raise ConfigError(f"optim.name: {name!r} is not allowed; choose one of: sgd, adam, adamw")
     if exclude_from_weight_decay or exclude_variables:
         opt.exclude_from_weight_decay(var_list=exclude_variables, var_names=exclude_from_weight_decay)
-    return opt
+    return mark_from_config(opt)

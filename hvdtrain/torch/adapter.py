@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from hvdtrain.core import finetune
+from hvdtrain.core.optimizer_policy import FROM_CONFIG, OptimizerFacts, mark_from_config
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.comm import overlap_gradients
@@ -42,6 +43,7 @@ from hvdtrain.torch.sharded import FlatReduceScatter, ShardedOptimizer, zero1_ex
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 SCALER_FILE = "grad_scaler.pt"
+SCHEDULER_FILE = "lr_scheduler.pt"  # the task's own LR scheduler (TrainTask.scheduler), when it has one
 
 
 def default_threads(local_size: int) -> int:
@@ -133,6 +135,12 @@ class TorchAdapter(FrameworkAdapter):
             self.optimizer = optimizer
             self.exchange = build_exchange(plan, self.model, self.optimizer)
             self.overlap = False  # gradients accumulate locally and are exchanged once per update
+        # the task's own LR scheduler (hvdtrain.core.optimizer_policy), stepped once per update; it drives
+        # the optimizer that runs (hvd.DistributedOptimizer is a copy sharing the groups until a load
+        # replaces them), or the sharded optimizer's recipe optimizer, whose groups set the shards'
+        self.scheduler = task.scheduler if self.task_lr else None
+        if self.scheduler is not None and isinstance(self.optimizer, torch.optim.Optimizer):
+            self.scheduler.optimizer = self.optimizer
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -142,6 +150,46 @@ class TorchAdapter(FrameworkAdapter):
 
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0
+    scheduler: Any = None  # the task's own LR scheduler, set by prepare() when its LR runs
+
+    def describe_optimizer(self, task: Any) -> OptimizerFacts | None:
+        """The task's torch optimizer and LR scheduler (refused by name when they are not ones)."""
+        optimizer, scheduler = task.optimizer, getattr(task, "scheduler", None)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"TrainTask.optimizer: {_qualname(optimizer)} is not a torch.optim.Optimizer")
+        if scheduler is not None:
+            if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) or \
+                    isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                raise ConfigError(f"TrainTask.scheduler: {_qualname(scheduler)} is not a torch LRScheduler stepped "
+                                  f"once per update (ReduceLROnPlateau needs a metric); accepted: any "
+                                  f"torch.optim.lr_scheduler.LRScheduler other than ReduceLROnPlateau")
+            if scheduler.optimizer is not optimizer:
+                raise ConfigError("TrainTask.scheduler: it drives another optimizer than TrainTask.optimizer")
+        base = optimizer.defaults.get("lr")
+        return OptimizerFacts(_qualname(optimizer), float(optimizer.param_groups[0]["lr"]),
+                              float(base) if isinstance(base, (int, float, torch.Tensor)) else None,
+                              bool(getattr(optimizer, FROM_CONFIG, False)),
+                              _qualname(scheduler) if scheduler is not None else None)
+
+    def _lr_owner(self) -> Any:
+        """The optimizer whose groups hold the LR of the next update (the sharded optimizer's recipe
+        optimizer: its hyperparameters are copied to the shards at each step)."""
+        return self.optimizer.optimizer if isinstance(self.optimizer, ShardedOptimizer) else self.optimizer
+
+    def learning_rate(self) -> float:
+        return float(self._lr_owner().param_groups[0]["lr"])
+
+    def step_scheduler(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def _agree_hyperparameters(self, root_rank: int) -> None:
+        """Every rank takes the root's parameter-group hyperparameters (a resumed LR included)."""
+        groups = self._lr_owner().param_groups
+        root = self.broadcast_object([{k: v for k, v in g.items() if k != "params"} for g in groups],
+                                     root_rank)  # distributed
+        for group, values in zip(groups, root):
+            group.update(values)
 
     def _fine_tuning(self, task: Any, config: Any) -> torch.optim.Optimizer:
         """The recipe's optimizer, with the backbone's parameter groups at ``optim.backbone_lr_factor``
@@ -175,6 +223,9 @@ class TorchAdapter(FrameworkAdapter):
     _scaler_skips: Any = 0  # a device tensor once prepare() ran; subclasses that prepare otherwise keep 0
 
     def broadcast_state(self, root_rank: int = 0) -> None:
+        self._agree_hyperparameters(root_rank)  # distributed
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(self.broadcast_object(self.scheduler.state_dict(), root_rank))
         if isinstance(self.optimizer, ShardedOptimizer):  # each rank keeps its slice of rank 0's whole state
             hvd.broadcast_parameters(self.model.state_dict(), root_rank=root_rank)  # distributed
             self.optimizer.broadcast(root_rank)  # distributed
@@ -184,10 +235,15 @@ class TorchAdapter(FrameworkAdapter):
         # step 2, shrinking the first update to about 0.74 of its size) and coupled weight decay
         # would seed the moments, so when rank 0 has no state yet (a fresh start) the state that
         # step created is dropped again afterwards: every optimizer starts as a fresh one would.
+        # The step fires no step hook, and the groups' hyperparameters are put back after it.
         fresh = self.broadcast_object(len(self.optimizer.state) == 0, root_rank)  # distributed
+        kept = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         for group in self.optimizer.param_groups:
             group["lr"] = 0.0
-        hvd.broadcast_optimizer_state(self.optimizer, root_rank=root_rank)  # distributed
+        with _hooks_off(self.optimizer):
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=root_rank)  # distributed
+        for group, values in zip(self.optimizer.param_groups, kept):
+            group.update(values)
         if fresh:
             self.optimizer.state.clear()
             self.optimizer.zero_grad()
@@ -352,6 +408,8 @@ class TorchAdapter(FrameworkAdapter):
         torch.save(self.optimizer.state_dict(), Path(directory) / OPTIMIZER_FILE)
         if self.scaler is not None:
             torch.save(self.scaler.state_dict(), Path(directory) / SCALER_FILE)
+        if self.scheduler is not None:
+            torch.save(self.scheduler.state_dict(), Path(directory) / SCHEDULER_FILE)
 
     def load_state(self, directory: Path) -> None:
         # weights_only: tensors and plain containers only, never arbitrary pickled objects. Loaded to
@@ -363,6 +421,34 @@ class TorchAdapter(FrameworkAdapter):
             torch.load(Path(directory) / OPTIMIZER_FILE, map_location="cpu", weights_only=True))
         if self.scaler is not None and (Path(directory) / SCALER_FILE).is_file():
             self.scaler.load_state_dict(torch.load(Path(directory) / SCALER_FILE, weights_only=True))
+        if self.scheduler is not None:
+            path = Path(directory) / SCHEDULER_FILE
+            if not path.is_file():
+                raise ValueError(f"{path} is missing: the checkpoint was written by a run without the task's LR "
+                                 f"scheduler {_qualname(self.scheduler)}; resume with the task that wrote it")
+            self.scheduler.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def _qualname(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+@contextlib.contextmanager
+def _hooks_off(optimizer: torch.optim.Optimizer):
+    """No optimizer step hook (the optimizer's own or a global one) fires inside: the state-creating
+    step at start-up is not one of the task's updates."""
+    from torch.optim import optimizer as module
+
+    own = [getattr(optimizer, name) for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")]
+    shared = [getattr(module, name) for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")]
+    saved = [dict(hooks) for hooks in own + shared]
+    for hooks in own + shared:
+        hooks.clear()
+    try:
+        yield
+    finally:
+        for hooks, entries in zip(own + shared, saved):
+            hooks.update(entries)
 
 
 def pick_device(local_rank: int, local_size: int) -> torch.device:
@@ -383,15 +469,16 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(params: Any, optim_config: Any) -> torch.optim.Optimizer:
-    """The torch optimizer an :class:`~hvdtrain.core.config.OptimConfig` names (LR is set per step
-    by the schedule). ``params`` may be parameters or parameter groups (:func:`decay_groups`).
+    """The torch optimizer an :class:`~hvdtrain.core.config.OptimConfig` names, marked as built from
+    ``optim.*``: hvdtrain's schedule sets its LR before every update
+    (:mod:`hvdtrain.core.optimizer_policy`). ``params`` may be parameters or parameter groups (:func:`decay_groups`).
     Weight decay: coupled L2 for ``sgd`` and ``adam`` (added to the gradient), decoupled for
     ``adamw`` (``lr * weight_decay * weight`` subtracted), the same as the Keras side."""
     name, lr, wd = optim_config.name, optim_config.lr, optim_config.weight_decay
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=optim_config.momentum, weight_decay=wd)
+        return mark_from_config(torch.optim.SGD(params, lr=lr, momentum=optim_config.momentum, weight_decay=wd))
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+        return mark_from_config(torch.optim.Adam(params, lr=lr, weight_decay=wd))
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
+        return mark_from_config(torch.optim.AdamW(params, lr=lr, weight_decay=wd))
     raise ConfigError(f"optim.name: {name!r} is not allowed; choose one of: sgd, adam, adamw")

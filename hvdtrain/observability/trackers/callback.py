@@ -8,6 +8,7 @@ from typing import Any
 
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.config import to_dict
+from hvdtrain.core.redact import redact_uri, redact_values
 from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.resume import METRICS_FILE, read_metrics
 from hvdtrain.observability.trackers.base import REMOTE_TRACKERS, Tracker, flatten, numbers, parse_trackers, run_tags
@@ -65,12 +66,12 @@ class TrackersCallback(Callback):
             self.main = False
             return
         self.main = True
-        tags = run_tags(config, int(info["world_size"]))
+        tags = redact_values(run_tags(config, int(info["world_size"])))
         if self.trackers:  # an elastic re-form: the same process is still rank 0
             self._each(lambda t: t.set_tags(tags))
             return
         recorded = read_runs(self.output)
-        params = flatten(to_dict(config))
+        params = flatten(redact_values(info.get("config_ran") or to_dict(config)))  # secrets in URIs: never  # the optimizer that ran
         run_name = config.log.run_name or self.output.resolve().name
         for name in self.names:
             previous = recorded.get(name, {})
@@ -94,7 +95,7 @@ class TrackersCallback(Callback):
 
     @staticmethod
     def _where(name: str, tracker: Any) -> str:
-        return f" at {tracker.uri}" if name == "mlflow" else f" in {tracker.dir}/wandb"
+        return f" at {redact_uri(tracker.uri)}" if name == "mlflow" else f" in {tracker.dir}/wandb"
 
     def _catch_up(self, start_epoch: int) -> None:
         """Epochs in metrics.jsonl a tracker missed (a kill between the line and the tracker's log)."""
