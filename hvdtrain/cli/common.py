@@ -13,6 +13,7 @@ from hvdtrain.core.config import ConfigError
 from hvdtrain.tools.hosts import HostError
 from hvdtrain.core.loop import TrainingError
 from hvdtrain.core.preemption import hold_early_warnings
+from hvdtrain.core.redact import redact_text
 from hvdtrain.core.registry import RecipeError
 
 # What the commands catch and turn into an ``hvdtrain: error:`` line and a non-zero exit.
@@ -38,7 +39,7 @@ def fail(exc: BaseException) -> None:
         import traceback
 
         traceback.print_exception(exc)
-    click.echo(f"hvdtrain: error: {exc}", err=True)
+    click.echo(f"hvdtrain: error: {redact_text(str(exc))}", err=True)  # secrets in URIs: never shown
     sys.exit(2 if isinstance(exc, (ConfigError, RecipeError)) else 1)
 
 

@@ -36,6 +36,7 @@ from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.config import RunConfig, resume_keys, to_dict
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.outputdir import CONFIG_FILE, OutputLock, describe, run_files
+from hvdtrain.core.redact import redact_values
 
 METRICS_FILE = "metrics.jsonl"
 RANK_STATE_FILE = "rank_state.json"
@@ -99,7 +100,7 @@ def config_difference(saved: dict[str, Any], config: RunConfig, lead: str, sourc
     now = to_dict(config)
     for key, kind in resume_keys(config):
         before, after = _get(saved, key), _get(now, key)
-        if before is _MISSING or _comparable(key, before) == _comparable(key, after):
+        if before is _MISSING or _comparable(key, redact_values(before)) == _comparable(key, redact_values(after)):
             continue  # a checkpoint from a version without that key has nothing to compare
         why = " (its position in the data would skip or repeat samples)" if kind == "data" else ""
         return (f"{lead} {source} {key}={before!r}, this run "

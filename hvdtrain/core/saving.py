@@ -25,6 +25,7 @@ from hvdtrain.core.adapter import NonFiniteStateError
 from hvdtrain.core.checkpoint import CheckpointManager
 from hvdtrain.core.config import RunConfig, to_dict
 from hvdtrain.core.errors import TrainingError
+from hvdtrain.core.redact import redact_values
 from hvdtrain.core.resume import RANK_STATE_FILE, Position, capture_rng
 
 
@@ -106,7 +107,7 @@ class CheckpointPolicy:
         manifest = {"kind": "epoch" if record is not None else "step", "epoch": position.epoch,
                     "consumed": position.consumed, "step": position.step, "recipe": cfg.recipe,
                     "framework": cfg.framework, "world_size": ctx.size, "batch_size": cfg.train.batch_size,
-                    "config": to_dict(cfg), "metrics": record, "hvdtrain_version": __version__,
+                    "config": redact_values(to_dict(cfg)), "metrics": record, "hvdtrain_version": __version__,
                     "framework_version": framework_version(cfg.framework)}
         try:
             return self.manager.save(name, write, manifest).path

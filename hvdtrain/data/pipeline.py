@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdtrain.core.redact import redact_text
 from hvdtrain.data.decode import DECODE_ERRORS, decode
 from hvdtrain.data.entries import map_arrays
 from hvdtrain.data.index import DataError, ImageIndex
@@ -204,6 +205,7 @@ class ImageDataset:
             rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
             what = "epoch " + str(self._epoch + 1) if self._epoch >= 0 else "validation"
             print(f"hvdtrain: rank {rank}: {what}: {len(self._skipped)} unreadable {self.name} image(s) replaced by "
-                  f"stand-ins (image.bad_files=skip), first: {self._skipped[0]}", file=sys.stderr, flush=True)
+                  f"stand-ins (image.bad_files=skip), first: {redact_text(str(self._skipped[0]))}", file=sys.stderr,
+                  flush=True)
             self.skipped_per_epoch[self._epoch] = len(self._skipped)
         self._skipped = []

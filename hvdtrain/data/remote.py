@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+from hvdtrain.core.redact import redact_text
 from hvdtrain.data import braces
 from hvdtrain.data.errors import DataError
 
@@ -198,7 +199,7 @@ def _warn_once(key: str, message: str) -> None:
     """Print ``message`` on stderr once per process and ``key``."""
     if key not in _WARNED:
         _WARNED.add(key)
-        print(message, file=sys.stderr, flush=True)
+        print(redact_text(message), file=sys.stderr, flush=True)  # a URL's secrets: never shown
 
 
 def open_file(url: str, reading: bool = False):

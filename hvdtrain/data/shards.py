@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from hvdtrain.data import remote
+from hvdtrain.core.redact import redact_text
+from hvdtrain.data.convert_shards import WORK_DIR as CONVERT_WORK_DIR
 from hvdtrain.data.entries import load_entry, slot_path
 from hvdtrain.data.index import ARRAYS, DataError, ImageIndex, index_of, key_arrays, sample_headers
 from hvdtrain.data.reader import SampleReader
@@ -422,6 +424,51 @@ def assign_labels(scan: Scan, classes: list[str] | None, shards: list[Path]) -> 
     return list(classes), labels
 
 
+def check_conversion(shards: list[Path]) -> None:
+    """Refuse local shards that ``hvdtrain convert`` has not finished, or that no longer match its
+    ``manifest.json`` (beside the shards or in their parent folder, where :func:`manifest_classes`
+    looks): a folder holding ``.hvdtrain-convert/`` (a conversion under way or killed: some shards
+    missing, no manifest), and, for every split of the manifest that lists one of ``shards``,
+    each of its shards missing or of another size than recorded (deleted, truncated, replaced).
+    Before, such a split trained on what was left, silently. A DataError names the folder or shard
+    and the manifest. Costs one ``stat`` per listed shard."""
+    given = {os.path.normpath(s) for s in shards}
+    for folder in dict.fromkeys(p for s in shards for p in (s.parent, s.parent.parent)):
+        if (folder / CONVERT_WORK_DIR).is_dir():
+            raise DataError(f"{folder} holds an unfinished hvdtrain convert ({CONVERT_WORK_DIR}/ and no finished "
+                            f"manifest.json): run the same hvdtrain convert command again to finish it (its finished "
+                            f"shards are kept), then train")
+        manifest = folder / "manifest.json"
+        if not manifest.is_file():
+            continue
+        try:
+            splits = json.loads(manifest.read_text()).get("splits")
+        except (OSError, ValueError, AttributeError):
+            continue  # not a conversion manifest (manifest_classes names one it cannot read)
+        if not isinstance(splits, dict):
+            continue
+        for name, split in splits.items():
+            entries = split.get("shards") if isinstance(split, dict) else None
+            if not isinstance(entries, list) or not all(
+                    isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("bytes"), int)
+                    for e in entries):
+                raise DataError(f"{manifest}: split {str(name)[:40]!r} does not list its shards as "
+                                f"{{name, bytes, ...}} entries; it is not hvdtrain convert's manifest")
+            paths = [os.path.normpath(folder / e["name"]) for e in entries]
+            if not given.intersection(paths):
+                continue
+            for path, entry in zip(paths, entries):
+                try:
+                    size = os.stat(path).st_size
+                except OSError:
+                    raise DataError(f"shard {path} of split {name} is missing: {manifest} lists {len(entries)} "
+                                    f"shard(s) of {split.get('samples', '?')} samples; restore it or convert "
+                                    f"again") from None
+                if size != entry["bytes"]:
+                    raise DataError(f"shard {path} has {size:,} bytes, {manifest} records {entry['bytes']:,}: it "
+                                    f"was changed or cut short since the conversion; restore it or convert again")
+
+
 def _fingerprint(fmt: str, shards: list, options: list) -> str:
     parts = [str(SHARD_INDEX_VERSION), fmt, json.dumps(options)]
     for shard in shards:
@@ -495,7 +542,7 @@ def _build(fmt: str, shards: list, root, classes: list[str] | None, image_column
     relative = [remote.relative(str(root), str(s)) for s in shards]
     reader = SampleReader(str(root), kind, relative, blob, offsets, where, scan.column)
     sample = sample_headers(reader, len(labels), f"{shards[0]} ...")
-    meta = {"version": SHARD_INDEX_VERSION, "root": str(root), "classes": found, "kind": kind, "format": fmt,
+    meta = {"version": SHARD_INDEX_VERSION, "root": redact_text(str(root)),  # information only "classes": found, "kind": kind, "format": fmt,
             "shards": relative, "column": scan.column, "sample": [list(s) for s in sample], "count": len(labels)}
     return {"blob": blob, "offsets": offsets, "labels": labels, "where": where}, meta
 
@@ -518,6 +565,7 @@ def load_shard_index(shards: list[str | Path], fmt: str, *, classes: list[str] |
         missing = [s for s in shards if not s.is_file()]
         if missing:
             raise DataError(f"shard {missing[0]} does not exist ({len(missing)} of {len(shards)} missing)")
+        check_conversion(shards)
         root = Path(os.path.commonpath([s.parent for s in shards]))
     options = [classes, image_column, label_column]
     key = _fingerprint(fmt, shards, options)

@@ -259,6 +259,8 @@ CASES = {
     "recipe file missing": Case(lambda inp, out: ["recipe", str(inp / "mine.py"), "--output", str(out)],
                                 ("mine.py",), 2),
     # the data (exit 1)
+    "--data URL with a password (issue 41, item 4)": Case(
+        lambda inp, out: recipe("http://alice:s3cr3t-Pa55@127.0.0.1:9/shards/", out), ("http://***@127.0.0.1:9/shards",)),
     "data folder missing": Case(lambda inp, out: recipe(inp / "nope", out), (str(Path("in") / "nope"),)),
     "empty class folder": Case(damaged_tree(lambda d: [p.unlink() for p in (d / "train" / "b").iterdir()]),
                                ("holds no images", str(Path("train") / "b"))),
@@ -402,6 +404,7 @@ def check(case: Case, inp: Path, out: Path, outcome_of: Callable[[list[str]], Ou
     assert "Traceback" not in outcome.stderr, outcome.stderr
     for needle in case.needles:
         assert needle in outcome.last_line, f"{needle!r} not in the last line:\n{outcome.stderr}"
+    assert "s3cr3t" not in outcome.stderr, f"a secret of a URI shown:\n{outcome.stderr}"
     assert outcome.last_line.startswith(("hvdtrain: error: ", "Error: ")), outcome.stderr
     assert snapshot(inp) == inputs, "the input tree changed"
     after = snapshot(out)

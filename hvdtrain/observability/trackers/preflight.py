@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from hvdtrain.core.redact import redact_text, redact_uri
 from hvdtrain.observability.trackers.base import INSTALL_HINT, TrackerError, parse_trackers
 
 TIMEOUT_SEC = 10
@@ -38,6 +39,7 @@ def check_mlflow(config: Any) -> None:
     except ImportError as exc:
         raise TrackerError(f"log.trackers=mlflow: the mlflow client is not installed ({exc}); {INSTALL_HINT}") from None
     uri = mlflow_uri(config)
+    shown = redact_uri(uri)  # what a message may show: no user-info, no query values
     fix = "start the server, or set log.mlflow_tracking_uri (or MLFLOW_TRACKING_URI) to one that answers"
     if uri.startswith(("http://", "https://")):
         from mlflow.tracking._tracking_service.utils import get_default_host_creds
@@ -48,15 +50,15 @@ def check_mlflow(config: Any) -> None:
                                     max_retries=0, timeout=TIMEOUT_SEC, raise_on_status=False,
                                     params={"experiment_name": config.log.mlflow_experiment})
         except Exception as exc:  # connection refused, DNS, timeout: requests' and urllib3's errors
-            reason = "no answer" if "onnect" in str(exc) or "imeout" in str(exc) else _short(exc)
-            raise TrackerError(f"log.trackers=mlflow: cannot reach the MLflow tracking server at {uri} "
+            reason = "no answer" if "onnect" in str(exc) or "imeout" in str(exc) else redact_text(_short(exc))
+            raise TrackerError(f"log.trackers=mlflow: cannot reach the MLflow tracking server at {shown} "
                                f"({reason}); {fix}") from None
         if response.status_code in (401, 403):
-            raise TrackerError(f"log.trackers=mlflow: the MLflow server at {uri} refused the request "
+            raise TrackerError(f"log.trackers=mlflow: the MLflow server at {shown} refused the request "
                                f"(HTTP {response.status_code}); set MLFLOW_TRACKING_TOKEN or "
                                f"MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD")
         if response.status_code not in (200, 404) or "json" not in response.headers.get("Content-Type", ""):
-            raise TrackerError(f"log.trackers=mlflow: {uri} does not answer as an MLflow tracking server "
+            raise TrackerError(f"log.trackers=mlflow: {shown} does not answer as an MLflow tracking server "
                                f"(HTTP {response.status_code} on /api/2.0/mlflow/experiments/get-by-name); {fix}")
         return
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
@@ -64,7 +66,7 @@ def check_mlflow(config: Any) -> None:
         try:
             import sqlalchemy  # noqa: F401
         except ImportError:
-            raise TrackerError(f"log.trackers=mlflow: the MLflow store {uri} is a database, which only the full "
+            raise TrackerError(f"log.trackers=mlflow: the MLflow store {shown} is a database, which only the full "
                                f"mlflow package opens (this venv has the client, mlflow-skinny); pip install "
                                f"mlflow==3.17.0, or run a server (scripts/mlflow-server.sh server ...) and set "
                                f"log.mlflow_tracking_uri=http://HOST:PORT") from None
@@ -73,11 +75,11 @@ def check_mlflow(config: Any) -> None:
 
         MlflowClient(uri).search_experiments(max_results=1)
     except ImportError as exc:
-        raise TrackerError(f"log.trackers=mlflow: the MLflow store {uri} needs the full mlflow package ({exc}); "
+        raise TrackerError(f"log.trackers=mlflow: the MLflow store {shown} needs the full mlflow package ({exc}); "
                            f"pip install mlflow==3.17.0, or point log.mlflow_tracking_uri at a server "
                            f"(scripts/mlflow-server.sh starts one)") from None
     except Exception as exc:
-        raise TrackerError(f"log.trackers=mlflow: cannot open the MLflow store {uri} ({_short(exc)}); use a "
+        raise TrackerError(f"log.trackers=mlflow: cannot open the MLflow store {shown} ({redact_text(_short(exc))}); use a "
                            f"tracking server (scripts/mlflow-server.sh starts one) with "
                            f"log.mlflow_tracking_uri=http://HOST:PORT") from None
 
