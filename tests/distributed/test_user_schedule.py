@@ -1,0 +1,70 @@
+"""issue 38, item 2, under real `horovodrun -np 2 --gloo`: the task's own optimizer and LR schedule run
+as given through the Trainer, across a kill-and-resume (one job per framework, three runs each:
+tests/distributed/workers/user_schedule.py).
+
+* torch: AdamW(lr=1e-3) + OneCycleLR: every real update uses exactly the LR of the same schedule
+  stepped by hand (an optimizer step pre-hook reads it), the start-up state-creating step fires no
+  hook, the logged LR is the used one, and the resumed run continues the schedule and ends with the
+  uninterrupted run's weights, bit for bit.
+* Keras: AdamW built with a CosineDecay (uninterrupted) and a plain AdamW with the CosineDecay as
+  ``TrainTask.scheduler`` (killed and resumed) are the same run: the LR of every update is the
+  schedule's at that update, the optimizer counted one iteration per update, same final weights.
+* ``config.yaml`` names the optimizer and schedule that ran, ``metrics.jsonl`` the LR used.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from jobs import REPO, horovodrun
+
+WORKER = REPO / "tests" / "distributed" / "workers" / "user_schedule.py"
+UPDATES, EVERY, STOP = 16, 3, 11
+RESUMED_FROM = (STOP // EVERY) * EVERY  # the last step checkpoint before the kill
+
+
+def report(tmp_path, framework):
+    path = tmp_path / "report.json"
+    horovodrun(["python", WORKER, framework, path, tmp_path / "runs"], timeout=400)
+    return json.loads(path.read_text())
+
+
+def same_weights(a, b):
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.distributed
+@pytest.mark.lr_schedule
+def test_torch_onecycle_runs_as_stepped_by_hand_across_a_resume(tmp_path):
+    r = report(tmp_path, "torch")
+    hand = r["by_hand"]
+    assert len(set(hand)) == UPDATES  # the LR changes at every update
+    assert r["reference"]["used"] == hand  # one hook call per real update: none for the start-up step
+    assert r["reference"]["logged"] == hand
+    assert r["stopped"]["used"] == hand[:STOP]
+    assert r["resumed"]["used"] == hand[RESUMED_FROM:] == r["resumed"]["logged"]
+    assert r["resumed"]["updates"] == r["reference"]["updates"] == UPDATES  # AdamW's own step count
+    same_weights(r["resumed"]["weights"], r["reference"]["weights"])
+    assert r["metrics_lr"]["run"] == r["metrics_lr"]["reference"] == [hand[7], hand[15]]
+    optim = r["optim"]
+    assert optim["ran"] == "torch.optim.adamw.AdamW + torch.optim.lr_scheduler.OneCycleLR"
+    assert optim["schedule"] == "task" and "name" not in optim
+
+
+@pytest.mark.distributed
+@pytest.mark.lr_schedule
+def test_keras_cosine_decay_runs_as_stepped_by_hand_across_a_resume(tmp_path):
+    r = report(tmp_path, "tensorflow")
+    hand = r["by_hand"]
+    assert len(set(hand)) == UPDATES
+    assert r["reference"]["logged"] == pytest.approx(hand, rel=1e-6)
+    assert r["stopped"]["logged"] == pytest.approx(hand[:STOP], rel=1e-6)
+    assert r["resumed"]["logged"] == pytest.approx(hand[RESUMED_FROM:], rel=1e-6)
+    assert r["resumed"]["updates"] == r["reference"]["updates"] == UPDATES  # Keras's iterations: the schedule's step
+    same_weights(r["resumed"]["weights"], r["reference"]["weights"])
+    assert r["metrics_lr"]["run"] == r["metrics_lr"]["reference"]
+    optim = r["optim"]
+    assert optim["ran"].startswith("keras.src.optimizers.adamw.AdamW + ") and optim["ran"].endswith("CosineDecay")
+    assert optim["schedule"] == "task" and "name" not in optim

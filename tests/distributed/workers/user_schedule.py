@@ -1,0 +1,153 @@
+"""Worker for tests/distributed/test_user_schedule.py: the task's own optimizer and LR schedule
+under real Horovod, through the Trainer, uninterrupted and killed-then-resumed, in one job.
+
+``python user_schedule.py FRAMEWORK REPORT_JSON OUTPUT_DIR``, under ``horovodrun -np 2``. Three runs in
+this process: ``reference`` (two epochs), ``run`` stopped by an exception at optimizer step
+:data:`STOP` (as if killed, after the step-:data:`EVERY` checkpoints), then ``run`` again with
+``checkpoint.resume=true``. torch: AdamW(lr=1e-3) + OneCycleLR, with an optimizer step pre-hook
+that records the LR each real update uses (and shows the start-up step fires no hook). Keras:
+AdamW built with a CosineDecay for the reference, and a plain AdamW with the CosineDecay as
+``TrainTask.scheduler`` for the interrupted and resumed runs (both ways must be the same run).
+Rank 0 writes the report: the LRs used, logged and stepped by hand, ``metrics.jsonl``'s, the final
+weights, the optimizer's update count, ``config.yaml``'s optim section.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from hvdtrain.core.callbacks import Callback
+from hvdtrain.core.loop import Trainer
+from hvdtrain.core.registry import define_recipe, register_recipe
+from hvdtrain.core.resolve import load_config
+from hvdtrain.core.task import ArrayDataset, TrainTask
+
+N, FEATURES, CLASSES, BATCH, EPOCHS = 64, 4, 3, 4, 2
+UPDATES = EPOCHS * N // (2 * BATCH)  # 2 ranks: 8 updates per epoch
+EVERY, STOP = 3, 11  # step checkpoints every 3 updates; the interrupted run dies after update 11 (epoch 2)
+MAX_LR, COSINE = 0.01, dict(initial_learning_rate=1e-2, decay_steps=UPDATES, alpha=0.1)
+
+
+class Stop(Exception):
+    """Stands for the process dying."""
+
+
+class Watch(Callback):
+    """The LR the loop logs for every micro-batch; stops the run at optimizer step ``stop``."""
+
+    def __init__(self, stop: int | None = None) -> None:
+        self.stop, self.logged = stop, []
+
+    def on_step_end(self, epoch, step, logs):
+        self.logged.append(float(logs["lr"]))
+        if logs["global_step"] == self.stop:
+            raise Stop()
+
+
+def data() -> tuple[ArrayDataset, ArrayDataset]:
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(N + 16, FEATURES)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
+    return ArrayDataset(x[:N], y[:N]), ArrayDataset(x[N:], y[N:])
+
+
+def torch_task(seen: dict) -> TrainTask:
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, CLASSES)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=UPDATES)
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen["used"].append(opt.param_groups[0]["lr"]))
+    seen["weights"] = lambda: [p.detach().numpy().copy() for p in model.parameters()]
+    seen["updates"] = lambda: int(max(s["step"] for s in optimizer.state.values()))
+    train, val = data()
+    return TrainTask(model=model, optimizer=optimizer, scheduler=scheduler, loss_fn=F.cross_entropy,
+                     train_data=train, val_data=val,
+                     metric_sums=lambda out, y: {"correct": (out.argmax(1) == y).sum()})
+
+
+def torch_by_hand() -> list[float]:
+    import torch
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=UPDATES)
+    lrs = []
+    for _ in range(UPDATES):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def keras_task(seen: dict, as_scheduler: bool) -> TrainTask:
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)])
+    schedule = keras.optimizers.schedules.CosineDecay(**COSINE)
+    optimizer = keras.optimizers.AdamW(learning_rate=1e-3 if as_scheduler else schedule)
+    seen["weights"] = lambda: [np.array(v.numpy()) for v in model.trainable_variables]
+    seen["updates"] = lambda: int(optimizer.iterations.numpy())
+    train, val = data()
+
+    def loss_fn(logits, y):
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+    return TrainTask(model=model, optimizer=optimizer, scheduler=schedule if as_scheduler else None,
+                     loss_fn=loss_fn, train_data=train, val_data=val,
+                     metric_sums=lambda out, y: {"correct": tf.reduce_sum(tf.cast(tf.equal(tf.argmax(out, 1), y),
+                                                                                  tf.float32))})
+
+
+def keras_by_hand() -> list[float]:
+    import keras
+
+    schedule = keras.optimizers.schedules.CosineDecay(**COSINE)
+    return [float(schedule(step)) for step in range(UPDATES)]
+
+
+def main() -> None:
+    framework, report_path, root = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    seen: dict = {"used": []}
+    define_recipe("user-schedule", description="own optimizer and schedule", defaults={}, replace=True)
+    as_scheduler = {"flag": False}
+    register_recipe("user-schedule", framework=framework, replace=True)(
+        lambda config, ctx: torch_task(seen) if framework == "torch" else keras_task(seen, as_scheduler["flag"]))
+    report: dict = {}
+    common = [f"framework={framework}", "recipe=user-schedule", f"train.epochs={EPOCHS}", f"train.batch_size={BATCH}",
+              "train.log_every=0", "train.tensorboard=false", "train.progress_bar=false",
+              f"checkpoint.every_steps={EVERY}", "checkpoint.keep_last=100"]
+    rank = 0
+    for name, output, extra, stop in (("reference", "reference", [], None), ("stopped", "run", [], STOP),
+                                      ("resumed", "run", ["checkpoint.resume=true"], None)):
+        as_scheduler["flag"] = name != "reference"
+        seen["used"] = []
+        watch = Watch(stop)
+        config = load_config({}, overrides=[*common, f"output={root / output}", *extra])
+        trainer = Trainer(config, callbacks=[watch])
+        try:
+            trainer.fit()
+        except Stop:
+            pass
+        rank = trainer.ctx.rank
+        report[name] = {"used": [float(v) for v in seen["used"]], "logged": watch.logged,
+                        "weights": [w.tolist() for w in seen["weights"]()], "updates": seen["updates"]()}
+    report["by_hand"] = torch_by_hand() if framework == "torch" else keras_by_hand()  # after TF's set-up
+    if rank == 0:
+        run = root / "run"
+        report["metrics_lr"] = {out: [json.loads(line)["lr"] for line in (root / out / "metrics.jsonl").read_text()
+                                      .splitlines()] for out in ("reference", "run")}
+        report["optim"] = yaml.safe_load((run / "config.yaml").read_text())["optim"]
+        report_path.write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
