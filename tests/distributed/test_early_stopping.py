@@ -8,13 +8,20 @@ mark and epoch 2 cannot beat it, so patience 1 stops after epoch 2 of 4.
 
 The jobs run without ``TF_CPP_MIN_LOG_LEVEL`` in their environment (tests/jobs.py sets one for
 other tests): the TensorFlow job's output must hold none of TensorFlow's start-up lines, on any
-rank. A single-process run with the user's ``TF_CPP_MIN_LOG_LEVEL=0`` shows them (respected).
+rank. A single-process run with the user's ``TF_CPP_MIN_LOG_LEVEL=0`` shows TensorFlow's C++ INFO
+lines (respected). Its witness is a line every machine prints at that level: the user also asks for
+one source file's verbose lines (``TF_CPP_VMODULE=process_util=1``), and TensorFlow's "Session inter
+op parallelism threads" line, written through the level's filter when the eager context starts,
+must appear. (The start-up lines depend on the processor: on a CPU without the instructions that
+turn oneDNN on, TensorFlow printed no "oneDNN custom operations are on" line, and one that has every
+instruction the binary was built for gets no CPU feature guard line; they are no witness.)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -28,6 +35,10 @@ HANG_TIMEOUT = 300  # a tiny job takes 20-60 s here; past this it is taken to ha
 TINY = ["--set", "data.max_train_samples=128", "--set", "data.max_val_samples=64", "--set", "train.log_every=0"]
 STOP = ["--epochs", "4", "--set", "train.early_stopping=1", "--set", "train.early_stopping_metric=val_loss",
         "--set", "train.early_stopping_min_delta=1000"]
+# one source file's verbose (INFO) lines: printed on every machine when the eager context starts,
+# and only when TF_CPP_MIN_LOG_LEVEL lets INFO through
+VERBOSE = "process_util=1"
+VERBOSE_LINE = r"^I\d{4} .*process_util\.cc:\d+\] Session inter op parallelism threads: \d+"
 START_UP_NOISE = ("absl::InitializeLog()", "oneDNN custom operations", "cpu_feature_guard", "AutoGraph could not")
 
 
@@ -75,6 +86,20 @@ def test_every_rank_stops_after_the_same_epoch(tmp_path, framework):
 def test_a_users_tensorflow_log_level_is_respected(tmp_path):
     job = launch([hvdtrain_cli(), "recipe", "image-classification", "--framework", "tensorflow", "--output",
                   tmp_path / "run", "--epochs", "1", "--set", "data.max_train_samples=32", "--set",
-                  "data.max_val_samples=32"], env_extra={"TF_CPP_MIN_LOG_LEVEL": "0"})
+                  "data.max_val_samples=32"], env_extra={"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": VERBOSE})
     assert job.returncode == 0, (job.stdout + job.stderr)[-6000:]
-    assert "oneDNN custom operations are on" in job.stderr and "cpu_feature_guard" in job.stderr
+    assert re.search(VERBOSE_LINE, job.stderr, re.M), job.stderr[-6000:]  # an INFO line: level 0 reached TensorFlow
+
+
+def test_the_verbose_witness_needs_level_0(tmp_path):
+    """The witness above is TensorFlow's level at work, not a line printed anyway: with the same
+    verbose module and hvdtrain's default level (an INFO line is below it), it is absent."""
+    env = {k: v for k, v in job_env().items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "HVDTRAIN_TF_LOG_DEFAULT")}
+    code = "import hvdtrain, tensorflow as tf; print(float(tf.reduce_sum(tf.constant([1.0, 2.0]))))"
+    quiet = subprocess.run([BIN / "python", "-c", code], capture_output=True, text=True, timeout=300,
+                           env={**env, "TF_CPP_VMODULE": VERBOSE}, cwd=REPO)
+    loud = subprocess.run([BIN / "python", "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**env, "TF_CPP_VMODULE": VERBOSE, "TF_CPP_MIN_LOG_LEVEL": "0"}, cwd=REPO)
+    assert quiet.returncode == 0 and loud.returncode == 0, quiet.stderr[-3000:] + loud.stderr[-3000:]
+    assert not re.search(VERBOSE_LINE, quiet.stderr, re.M), quiet.stderr[-3000:]
+    assert re.search(VERBOSE_LINE, loud.stderr, re.M), loud.stderr[-3000:]
