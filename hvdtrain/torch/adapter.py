@@ -39,6 +39,7 @@ from hvdtrain.torch.compression import Allreduce, build_exchange
 from hvdtrain.torch.finetune import LR_FACTOR, BackboneControl, head_parameters
 from hvdtrain.torch.flat_buffers import FlatAllreduce, GradBuffers, dtype_layouts
 from hvdtrain.torch.sharded import FlatReduceScatter, ShardedOptimizer, zero1_exchange
+from hvdtrain.torch.weights import load_weights_only
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -415,18 +416,18 @@ class TorchAdapter(FrameworkAdapter):
         # weights_only: tensors and plain containers only, never arbitrary pickled objects. Loaded to
         # the CPU: load_state_dict copies weights to their device and lets the optimizer place its state
         # (Adam's step counters stay on the CPU, as on the ranks that receive the broadcast).
-        model_state = torch.load(Path(directory) / MODEL_FILE, map_location="cpu", weights_only=True)
+        model_state = load_weights_only(Path(directory) / MODEL_FILE, map_location="cpu")
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(
-            torch.load(Path(directory) / OPTIMIZER_FILE, map_location="cpu", weights_only=True))
+            load_weights_only(Path(directory) / OPTIMIZER_FILE, map_location="cpu"))
         if self.scaler is not None and (Path(directory) / SCALER_FILE).is_file():
-            self.scaler.load_state_dict(torch.load(Path(directory) / SCALER_FILE, weights_only=True))
+            self.scaler.load_state_dict(load_weights_only(Path(directory) / SCALER_FILE))
         if self.scheduler is not None:
             path = Path(directory) / SCHEDULER_FILE
             if not path.is_file():
                 raise ValueError(f"{path} is missing: the checkpoint was written by a run without the task's LR "
                                  f"scheduler {_qualname(self.scheduler)}; resume with the task that wrote it")
-            self.scheduler.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            self.scheduler.load_state_dict(load_weights_only(path, map_location="cpu"))
 
 
 def _qualname(obj: Any) -> str:

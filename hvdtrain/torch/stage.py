@@ -23,6 +23,7 @@ from hvdtrain.core.collectives import broadcast_pickled
 from hvdtrain.core.gpipe import Cut, Placement
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch.adapter import MODEL_FILE, OPTIMIZER_FILE
+from hvdtrain.torch.weights import load_weights_only
 
 TRANSFER_DTYPE = torch.float32
 
@@ -301,11 +302,11 @@ class TorchStage:
 
     def read_checkpoint(self, directory: Path) -> dict[str, Any]:
         """``model.pt`` and ``optimizer.pt`` as a whole-model state keyed by parameter name."""
-        model = torch.load(directory / MODEL_FILE, map_location="cpu", weights_only=True)
+        model = load_weights_only(directory / MODEL_FILE, map_location="cpu")
         missing = sorted(set(self.full_names) - set(model))
         if missing:
             raise ValueError(f"checkpoint {directory} does not hold this model: missing {missing[:3]}")
-        optimizer = torch.load(directory / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        optimizer = load_weights_only(directory / OPTIMIZER_FILE, map_location="cpu")
         flat = [n for names in self.full_optimizer_names for n in names]
         if len(optimizer["param_groups"]) != len(self.full_optimizer_names):
             raise ValueError(f"checkpoint {directory}: the optimizer has {len(optimizer['param_groups'])} parameter "
