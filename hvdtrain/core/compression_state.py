@@ -30,11 +30,14 @@ allreduce) writes no file and costs no collective.
 
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hvdtrain.core.checkpoint import CheckpointError
 from hvdtrain.core.compression import describe
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.exchange import STATE_FORMAT
@@ -109,16 +112,31 @@ def write(directory: Path, states: list[dict[str, np.ndarray]] | None) -> None:
         np.savez(f, **arrays)
 
 
-def read(path: Path) -> list[dict[str, np.ndarray]] | None:
-    """The per-rank states stored in checkpoint ``path`` (None if it holds none)."""
+def read(path: Path, size: int | None = None) -> list[dict[str, np.ndarray]] | None:
+    """The per-rank states stored in checkpoint ``path`` (None if it holds none), written by
+    ``size`` ranks (default: the world size its ``manifest.json`` records). A key that is not ``RANK/NAME`` with a rank below
+    ``size`` (before: ``99999999999/model_buffer/00000`` built a list that long) is a
+    CheckpointError naming the file."""
     file = Path(path) / STATE_FILE
     if not file.is_file():
         return None
+    if size is None:
+        try:
+            size = int(json.loads((Path(path) / "manifest.json").read_text())["world_size"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{Path(path) / 'manifest.json'} does not give the world size ({exc})") from None
     states: dict[int, dict[str, np.ndarray]] = {}
-    with np.load(file, allow_pickle=False) as saved:
-        for key in saved.files:
-            rank, name = key.split("/", 1)
-            states.setdefault(int(rank), {})[name] = saved[key]
+    try:
+        with np.load(file, allow_pickle=False) as saved:
+            for key in saved.files:
+                rank, _, name = key.partition("/")
+                if not (rank.isdigit() and len(rank) <= 9 and int(rank) < size and name):
+                    raise CheckpointError(f"{file}: key {key[:80]!r} is not RANK/NAME with a rank below the "
+                                          f"checkpoint's world size {size}")
+                states.setdefault(int(rank), {})[name] = saved[key]
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:  # not an .npz, or an array of objects
+        raise CheckpointError(f"{file} is not a readable state file ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
     return [states.get(rank, {}) for rank in range(max(states) + 1)] if states else None
 
 
@@ -167,8 +185,18 @@ def restore(adapter: Any, plan: dict[str, Any], rank: int, size: int, collective
         reset(adapter, "elastic job")
         return
     saved_size = int(plan["manifest"].get("world_size", size))
-    states = read(Path(plan["checkpoint"])) if rank == 0 and saved_size == size else None
-    held = adapter.broadcast_object(_held(states, size) if rank == 0 else None)  # distributed: rank 0's verdict
+    verdict = None
+    if rank == 0:
+        try:
+            states = read(Path(plan["checkpoint"]), saved_size) if saved_size == size else None
+            verdict = _held(states, size)
+        except CheckpointError as exc:  # every rank hears of it (no rank waits for a scatter)
+            states, verdict = None, {"error": str(exc)}
+    else:
+        states = None
+    held = adapter.broadcast_object(verdict)  # distributed: rank 0's verdict
+    if "error" in held:
+        raise CheckpointError(held["error"])
     if exchange is not None and not held["exchange"]:
         why = (f"the checkpoint was written by {saved_size} workers, this job has {size}" if saved_size != size
                else "the checkpoint holds no gradient-compression / local-SGD state")

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from hvdtrain.core import early_stop
-from hvdtrain.core.checkpoint import CheckpointInfo, CheckpointManager
+from hvdtrain.core.checkpoint import CheckpointError, CheckpointInfo, CheckpointManager
 from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.config import RunConfig, resume_keys, to_dict
 from hvdtrain.core.errors import TrainingError
@@ -262,6 +262,30 @@ def restore_rng(state: dict[str, Any]) -> None:
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
+def read_rank_states(path: Path, size: int) -> list[dict[str, Any]] | None:
+    """The per-rank states (RNG, partial-epoch totals) of checkpoint ``path``, written by ``size``
+    ranks: None if it has no ``rank_state.json``; a file that is not one entry per rank with
+    random states Python and NumPy accept is a CheckpointError naming it (before: "state vector is
+    the wrong size" on every rank, naming no file)."""
+    file = path / RANK_STATE_FILE
+    if not file.is_file():
+        return None
+    try:
+        states = json.loads(file.read_text())
+        if not isinstance(states, list) or len(states) != size:
+            raise ValueError(f"{len(states) if isinstance(states, list) else 'no'} entries for {size} ranks")
+        for state in states:
+            version, internal, gauss = state["rng"]["python"]
+            random.Random().setstate((version, tuple(internal), gauss))
+            name, keys, pos, has_gauss, cached = state["rng"]["numpy"]
+            np.random.RandomState().set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, OSError) as exc:
+        raise CheckpointError(f"{file} is not the ranks' saved state ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); the checkpoint is damaged: "
+                              f"resume from another (move this one aside)") from None
+    return states
+
+
 def restore(plan: dict[str, Any], adapter: Any, ctx: Any, gate: Any, output: Path,
             collective: bool = True) -> tuple[Position, list[dict[str, Any]], dict[str, Any] | None]:
     """Load the planned checkpoint (rank 0), hand every rank its RNG state and partial-epoch totals
@@ -276,8 +300,7 @@ def restore(plan: dict[str, Any], adapter: Any, ctx: Any, gate: Any, output: Pat
     if ctx.is_main:
         adapter.load_state(path)
         atomic_write_text(output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
-        if (path / RANK_STATE_FILE).is_file():
-            rank_states = json.loads((path / RANK_STATE_FILE).read_text())
+        rank_states = read_rank_states(path, int(manifest.get("world_size", ctx.size)))
     rank_states = adapter.broadcast_object(rank_states) if collective else None  # distributed
     saved_size = int(manifest.get("world_size", ctx.size))
     where = (f"epoch {position.epoch + 1}, after {position.consumed} samples"

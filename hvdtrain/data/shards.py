@@ -53,6 +53,7 @@ IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMNS = ("label", "labels")
 SHARD_INDEX_VERSION = 1
 SCAN_DOWNLOADS = 4  # remote tar/Arrow shards copied at once while the index is built
+MAX_CLASSES = 1_000_000  # class indexes without a class list: names "0".."N-1" are built for them
 
 
 class Scan:
@@ -404,6 +405,10 @@ def assign_labels(scan: Scan, classes: list[str] | None, shards: list[Path]) -> 
     ints = [isinstance(v, (int, np.integer)) for v in scan.labels]
     if classes is None:
         if all(ints):
+            top = max(range(len(scan.labels)), key=scan.labels.__getitem__, default=0)
+            if scan.labels and not 0 <= scan.labels[top] < MAX_CLASSES:  # one class per number: bounded
+                raise DataError(f"{name_of(top)} has the class index {scan.labels[top]}; without a class list "
+                                f"(manifest.json 'classes') a class index must be in 0-{MAX_CLASSES - 1:,}")
             classes = [str(i) for i in range(int(max(scan.labels)) + 1)] if scan.labels else []
         elif not any(ints):
             classes = sorted(set(scan.labels))
@@ -542,7 +547,8 @@ def _build(fmt: str, shards: list, root, classes: list[str] | None, image_column
     relative = [remote.relative(str(root), str(s)) for s in shards]
     reader = SampleReader(str(root), kind, relative, blob, offsets, where, scan.column)
     sample = sample_headers(reader, len(labels), f"{shards[0]} ...")
-    meta = {"version": SHARD_INDEX_VERSION, "root": redact_text(str(root)),  # information only "classes": found, "kind": kind, "format": fmt,
+    # "root" is information only (the readers get the live root): never a secret of its URL
+    meta = {"version": SHARD_INDEX_VERSION, "root": redact_text(str(root)), "classes": found, "kind": kind, "format": fmt,
             "shards": relative, "column": scan.column, "sample": [list(s) for s in sample], "count": len(labels)}
     return {"blob": blob, "offsets": offsets, "labels": labels, "where": where}, meta
 

@@ -131,7 +131,7 @@ def test_exchange_state_round_trips_through_the_checkpoint_with_its_format(tmp_p
 
     states = compression_state.gather(_FakeAdapter(_FakeExchange()))
     compression_state.write(tmp_path, states)
-    read = compression_state.read(tmp_path)
+    read = compression_state.read(tmp_path, 2)
     assert [state_format(s) for s in read] == [STATE_FORMAT, STATE_FORMAT]
     assert np.array_equal(read[1]["error/1"], np.arange(4.0) + 1)
     exchange = _FakeExchange()
@@ -148,7 +148,7 @@ def test_a_format_1_state_reads_as_format_1(tmp_path):
 
     with open(tmp_path / compression_state.STATE_FILE, "wb") as f:  # as checkpoints before the format key
         np.savez(f, **{"0/steps": np.asarray(2), "0/error/3": np.ones(2), "1/steps": np.asarray(2)})
-    read = compression_state.read(tmp_path)
+    read = compression_state.read(tmp_path, 2)
     assert [state_format(s) for s in read] == [1, 1]
     assert list(indexed(read[0], "error/")) == [3]
 
