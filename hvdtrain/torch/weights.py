@@ -25,7 +25,13 @@ def load_weights_only(path: str | Path, **kwargs: Any) -> Any:
     try:
         return torch.load(path, weights_only=True, **kwargs)
     except pickle.UnpicklingError as exc:
-        found = re.search(r"(?:Unsupported global|Unsupported operand)[^\n]*", str(exc))
-        detail = found.group(0)[:160] if found else (str(exc).strip().splitlines() or ["not tensors"])[0][:160]
-        raise CheckpointError(f"{path} holds pickled objects besides tensors ({detail}); refused, nothing in it "
-                              f"ran") from None
+        raise CheckpointError(f"{path} holds pickled objects besides tensors ({refusal(exc)}); refused, nothing in "
+                              f"it ran") from None
+
+
+def refusal(exc: BaseException) -> str:
+    """What ``torch.load(weights_only=True)`` refused, from its many-line message: the line naming
+    the global or opcode (``Trying to load unsupported GLOBAL posix.system ...``, ``Unsupported
+    operand 149``), else its first line."""
+    found = re.search(r"(?:unsupported GLOBAL|Unsupported global|Unsupported operand)[^\n]*", str(exc))
+    return (found.group(0) if found else (str(exc).strip().splitlines() or [type(exc).__name__])[0])[:160]

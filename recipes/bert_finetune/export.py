@@ -15,12 +15,13 @@ checks again before it moves the old export away.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Callable
 
+from hvdtrain.core.durable import publish_folder
 from recipes.bert_finetune.common import LABELS_FILE, label_record
+from recipes.model_files import export_errors
 
 EXPORT_DIR = "model"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -62,19 +63,16 @@ def write_export(output: Path, write_model: Callable[[Path], None], model_dir: P
     record = label_record(labels, max_length)
     check_target(output, model_dir)  # again: the folder may have appeared during training
     target = Path(output) / EXPORT_DIR
-    tmp = Path(output) / f".tmp-{EXPORT_DIR}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write_model(tmp)
-    for name in TOKENIZER_FILES:
-        if (Path(model_dir) / name).is_file():
-            shutil.copyfile(Path(model_dir) / name, tmp / name)
-    (tmp / LABELS_FILE).write_text(json.dumps(record, indent=1) + "\n")
-    old = Path(output) / f".trash-{EXPORT_DIR}-{os.getpid()}"
-    if target.exists():  # an earlier export of this run (check_target): out of the way, then deleted
-        os.rename(target, old)
-    os.rename(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
+
+    def fill(tmp: Path) -> None:
+        write_model(tmp)
+        for name in TOKENIZER_FILES:
+            if (Path(model_dir) / name).is_file():
+                shutil.copyfile(Path(model_dir) / name, tmp / name)
+        (tmp / LABELS_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+    with export_errors(target):  # an earlier export of this run (check_target) is replaced only when whole
+        publish_folder(target, fill)
     print(f"hvdtrain: exported the fine-tuned model to {target} (try: hvdtrain predict {output} \"some text\")",
           flush=True)
     return target

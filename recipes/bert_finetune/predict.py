@@ -16,6 +16,7 @@ import numpy as np
 from recipes.bert_finetune import tokenized
 from recipes.bert_finetune.common import LABELS_FILE
 from recipes.bert_finetune.export import EXPORT_DIR, KERAS_FILE
+from recipes.model_files import from_pretrained, load_keras
 
 
 @dataclass
@@ -44,7 +45,7 @@ def _torch_probabilities(folder: Path, inputs: dict[str, np.ndarray]) -> np.ndar
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    model = from_pretrained(transformers.AutoModelForSequenceClassification, folder, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits
     return torch.softmax(logits.float(), dim=-1).numpy()
@@ -54,7 +55,7 @@ def _keras_probabilities(folder: Path, inputs: dict[str, np.ndarray]) -> np.ndar
     import keras
     import keras_hub  # noqa: F401  (registers the classes model.keras refers to)
 
-    model = keras.saving.load_model(folder / KERAS_FILE, compile=False)
+    model = load_keras(folder / KERAS_FILE)
     logits = keras.ops.convert_to_numpy(model(inputs, training=False)).astype(np.float64)
     exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return exp / exp.sum(axis=-1, keepdims=True)

@@ -12,6 +12,7 @@ import hvdtrain
 from hvdtrain.torch import build_optimizer
 from recipes.bert_finetune import common, export, pretrained, torch_stages
 from recipes.bert_finetune.tokenized import TORCH_INPUTS
+from recipes.model_files import from_pretrained
 
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
 
@@ -35,8 +36,8 @@ def load_model(model_dir: Path, labels: list[str], seed: int) -> torch.nn.Module
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)),
+    model = from_pretrained(  # trust_remote_code=False; an auto_map or pickled weights: one line naming the folder
+        transformers.AutoModelForSequenceClassification, model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)),
         label2id={name: i for i, name in enumerate(labels)}, dtype=torch.float32)
     head = getattr(model, "classifier", None)
     if isinstance(head, torch.nn.Linear):

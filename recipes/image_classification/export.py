@@ -13,10 +13,11 @@ into place; only an earlier export is ever replaced (:func:`check_target`, befor
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Callable
+
+from hvdtrain.core.durable import publish_folder
+from recipes.model_files import export_errors
 
 EXPORT_DIR = "model"
 RECORD_FILE = "image_model.json"
@@ -65,15 +66,12 @@ def write_export(output: Path, write_model: Callable[[Path], None], record: dict
     """Write ``output/model``: ``write_model(folder)`` plus ``image_model.json``."""
     check_target(output, "")  # again: the folder may have appeared during training
     target = Path(output) / EXPORT_DIR
-    tmp = Path(output) / f".tmp-{EXPORT_DIR}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write_model(tmp)
-    (tmp / RECORD_FILE).write_text(json.dumps(record, indent=1) + "\n")
-    old = Path(output) / f".trash-{EXPORT_DIR}-{os.getpid()}"
-    if target.exists():
-        os.rename(target, old)
-    os.rename(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
+
+    def fill(tmp: Path) -> None:
+        write_model(tmp)
+        (tmp / RECORD_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+    with export_errors(target):  # an earlier export is replaced only by a whole, fsynced one
+        publish_folder(target, fill)
     print(f"hvdtrain: exported the trained model to {target} (try: hvdtrain predict {output} IMAGE...)", flush=True)
     return target

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from recipes.image_classification.hf_models import HEAD_NAME, HFImageModel, HFModelError, head_weights, label_maps
+from recipes.model_files import ModelFileError, from_pretrained
 
 
 class HFImageClassifier(torch.nn.Module):
@@ -43,13 +44,15 @@ def _load_pretrained(hf: HFImageModel, labels: list[str]):
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     try:
-        model, info = transformers.AutoModelForImageClassification.from_pretrained(
-            hf.path, num_labels=len(labels), **label_maps(labels), ignore_mismatched_sizes=True,
+        model, info = from_pretrained(  # trust_remote_code=False; an auto_map or pickled weights: one line
+            transformers.AutoModelForImageClassification, hf.path, num_labels=len(labels), **label_maps(labels), ignore_mismatched_sizes=True,
             output_loading_info=True, dtype=torch.float32)
+    except ModelFileError:  # code of the folder's own, pickled weights: said in one line already
+        raise
     except ValueError as exc:  # an architecture transformers has no image classifier for
         raise HFModelError(f"cannot load {hf.path} as an image classifier (model_type "
                            f"{hf.model_type!r}): {str(exc).splitlines()[0]}") from None
-    except OSError as exc:  # unreadable or truncated weights
+    except OSError as exc:  # unreadable weights (from_pretrained names a pickled or truncated file itself)
         raise HFModelError(f"cannot read the weights in {hf.path}: {str(exc).splitlines()[0]}") from None
     return model, info
 
@@ -96,5 +99,5 @@ def load_export(folder: Path, mean, std) -> HFImageClassifier:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    model = transformers.AutoModelForImageClassification.from_pretrained(folder, dtype=torch.float32)
+    model = from_pretrained(transformers.AutoModelForImageClassification, folder, dtype=torch.float32)
     return HFImageClassifier(model, mean, std).eval()
