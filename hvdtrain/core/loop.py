@@ -149,7 +149,9 @@ class Trainer:
             import yaml
 
             ran = optimizer_policy.ran_config(self.config, getattr(self, "lr_policy", None))  # what ran
-            atomic_write_text(self.output / CONFIG_FILE, yaml.safe_dump(ran, sort_keys=False))
+            from hvdtrain.core.redact import redact_values  # secrets in URIs: never written
+
+            atomic_write_text(self.output / CONFIG_FILE, yaml.safe_dump(redact_values(ran), sort_keys=False))
             self.lock.announce()
 
     def _reseed(self, position: Position) -> None:
