@@ -35,6 +35,7 @@ _EXPORTS = {
     "hvdtrain.core.registry": ["RecipeError", "define_recipe", "get_recipe", "list_recipes", "register_recipe",
                                "unregister_recipe"],
     "hvdtrain.core.task": ["ArrayDataset", "TrainTask", "accuracy_from_sums"],
+    "hvdtrain.core.sources": ["SourceError", "as_source"],
     "hvdtrain.api": ["WorkerError", "run"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

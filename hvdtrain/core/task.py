@@ -7,9 +7,18 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from hvdtrain.core.sources import as_source
+
 
 class Dataset(Protocol):
-    """Random-access data: ``get_batch`` returns framework-neutral NumPy ``(inputs, targets)``."""
+    """Random-access data: ``get_batch`` returns framework-neutral NumPy ``(inputs, targets)``.
+
+    ``TrainTask`` also takes a map-style ``torch.utils.data.Dataset`` (``len()`` and integer
+    indexing; items ``(inputs, target)`` or mappings with a ``label``/``labels`` column, collated
+    like ``default_collate``) and a Hugging Face ``datasets.Dataset``, and reads them through
+    :func:`hvdtrain.core.sources.as_source` (``hvdtrain.as_source(data, inputs=..., target=...)``
+    chooses the columns); any other kind is refused when the task is built. Every one keeps the same
+    order from ``(train.seed, epoch)`` and resumes exactly at any world size."""
 
     def __len__(self) -> int: ...
 
@@ -87,3 +96,11 @@ class TrainTask:
     pipeline_blocks: Callable[[], list[Any]] | None = None  # see the class docstring
     head: Callable[[], list[Any]] | None = None  # see the class docstring (fine-tuning controls)
     scheduler: Any = None  # the task's own LR scheduler: see the class docstring
+
+    def __post_init__(self) -> None:
+        # data as users have it (hvdtrain.core.sources): a map-style or Hugging Face dataset is read
+        # through a wrapper (its .source is the object given); a kind the loop cannot read is refused here
+        for name in ("train_data", "val_data"):
+            data = getattr(self, name)
+            if data is not None:
+                setattr(self, name, as_source(data, name))

@@ -1,0 +1,167 @@
+"""Data as users have it: one wrapper turns a task's train or validation data into the loop's source.
+
+The loop reads random-access data (:class:`hvdtrain.core.task.Dataset`): ``len()`` samples and
+``get_batch(indices, epoch)`` -> NumPy ``(inputs, targets)``. :func:`as_source` accepts, for
+``TrainTask.train_data`` and ``val_data``:
+
+* an object with ``get_batch`` and ``__len__`` (:class:`~hvdtrain.core.task.ArrayDataset`, the
+  recipes' pipelines): used as it is;
+* a Hugging Face ``datasets.Dataset`` (recognised by ``column_names`` and ``with_format``): read a
+  batch at a time, chosen columns (:class:`ColumnSource`);
+* a map-style dataset, ``torch.utils.data.Dataset`` and anything else with ``__len__`` and integer
+  ``__getitem__``: items collated into batches the way torch's ``default_collate`` does, nested
+  dicts, tuples and lists included, as NumPy (:class:`MapSource`).
+
+An item is ``(inputs, target)``, or a mapping of columns with a target column (``label``/``labels``,
+or the one named). Every random-access source keeps the loop's guarantees: the order comes from
+``(train.seed, epoch)`` and the position in it, so a resume is exact at any world size. Anything
+else is refused when the task is built, in one line naming what is accepted: iterable datasets, a
+``tf.data.Dataset`` (whose ``len()`` counts batches once batched), a generator, a DataLoader (pass
+its ``.dataset``). No framework is imported here: torch tensors become NumPy through ``__array__``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from hvdtrain.core.config import ConfigError
+
+ACCEPTED = ("an object with get_batch(indices, epoch) and len() (hvdtrain.ArrayDataset), a map-style "
+            "torch.utils.data.Dataset (len() and integer indexing), or a Hugging Face datasets.Dataset")
+TARGET_KEYS = ("label", "labels")
+
+
+class SourceError(ConfigError):
+    """A task's data is not a kind the loop can read (one line naming what is accepted)."""
+
+
+def _kind(data: Any) -> str:
+    return f"{type(data).__module__}.{type(data).__qualname__}"
+
+
+def _refusal(data: Any, field: str) -> str | None:
+    """Why ``data`` cannot be a source, or None."""
+    module = type(data).__module__
+    names = {c.__name__ for c in type(data).__mro__}
+    if module.startswith("tensorflow") and hasattr(data, "element_spec"):
+        shapes = [getattr(s, "shape", None) for s in _flat(data.element_spec)]
+        batched = any(shape is not None and shape.rank and shape[0] is None for shape in shapes)
+        why = (" and batched: its len() counts batches, not samples" if batched else
+               ": an iterable pipeline, not random access")
+        return f"TrainTask.{field}: a tf.data.Dataset{why}; accepted: {ACCEPTED}"
+    if "IterableDataset" in names:
+        return f"TrainTask.{field}: {_kind(data)} is an iterable dataset, not random access; accepted: {ACCEPTED}"
+    if "DataLoader" in names and hasattr(data, "dataset"):
+        return (f"TrainTask.{field}: {_kind(data)} batches and shuffles itself; pass its dataset "
+                f"(loader.dataset): hvdtrain shards, orders and batches it. Accepted: {ACCEPTED}")
+    if not hasattr(data, "__len__") or not (hasattr(data, "get_batch") or hasattr(data, "__getitem__")) \
+            or isinstance(data, (str, bytes, Mapping)):
+        return f"TrainTask.{field}: {_kind(data)} is not a dataset; accepted: {ACCEPTED}"
+    return None
+
+
+def _flat(spec: Any) -> list[Any]:
+    if isinstance(spec, Mapping):
+        return [s for v in spec.values() for s in _flat(v)]
+    if isinstance(spec, (tuple, list)):
+        return [s for v in spec for s in _flat(v)]
+    return [spec]
+
+
+def as_source(data: Any, field: str = "train_data", inputs: Sequence[str] | None = None,
+              target: str | None = None) -> Any:
+    """``data`` as a random-access source the loop reads (see the module docstring), or
+    :class:`SourceError` naming ``TrainTask.<field>`` and what is accepted. ``inputs`` and
+    ``target`` choose the columns of mapping items (default: the ``label``/``labels`` column is the
+    target, the other columns the inputs)."""
+    problem = _refusal(data, field)
+    if problem:
+        raise SourceError(problem)
+    if hasattr(data, "get_batch"):
+        return data
+    if hasattr(data, "column_names") and hasattr(data, "with_format"):
+        return ColumnSource(data, field, inputs, target)
+    return MapSource(data, field, inputs, target)
+
+
+def collate(items: list[Any]) -> Any:
+    """Items into one batch as torch's ``default_collate`` does, in NumPy: arrays and tensors
+    stacked, numbers into an array (int64, float64, bool), strings kept as a list, mappings by key,
+    tuples and lists element by element (nested)."""
+    first = items[0]
+    if isinstance(first, (str, bytes)):
+        return list(items)
+    if isinstance(first, Mapping):
+        return {key: collate([item[key] for item in items]) for key in first}
+    if isinstance(first, tuple) and hasattr(first, "_fields"):  # a named tuple stays one
+        return type(first)(*(collate(list(column)) for column in zip(*items)))
+    if isinstance(first, (tuple, list)):
+        if any(len(item) != len(first) for item in items):
+            raise ValueError("items of one batch have sequences of different lengths")
+        return [collate(list(column)) for column in zip(*items)]
+    if isinstance(first, bool):
+        return np.asarray(items, dtype=np.bool_)
+    if isinstance(first, int):
+        return np.asarray(items, dtype=np.int64)
+    if isinstance(first, float):
+        return np.asarray(items, dtype=np.float64)
+    return np.stack([np.asarray(item) for item in items])
+
+
+def _split(batch: Any, field: str, inputs: Sequence[str] | None, target: str | None) -> tuple[Any, Any]:
+    """A collated batch as ``(inputs, targets)``."""
+    if isinstance(batch, Mapping):
+        name = target or next((k for k in TARGET_KEYS if k in batch), None)
+        if name is None or name not in batch:
+            raise SourceError(f"TrainTask.{field}: items are mappings with keys {sorted(batch)} and no target "
+                              f"column {target or ' or '.join(TARGET_KEYS)}; name it: "
+                              f"hvdtrain.as_source(data, target=KEY)")
+        keys = list(inputs) if inputs is not None else [k for k in batch if k != name]
+        missing = [k for k in keys if k not in batch]
+        if missing:
+            raise SourceError(f"TrainTask.{field}: input columns {missing} are not in the items' keys {sorted(batch)}")
+        return {k: batch[k] for k in keys}, np.asarray(batch[name])
+    if isinstance(batch, list) and len(batch) == 2:
+        return batch[0], np.asarray(batch[1])
+    raise SourceError(f"TrainTask.{field}: an item must be (inputs, target) or a mapping with a target column; "
+                      f"got {len(batch) if isinstance(batch, list) else type(batch).__name__} parts")
+
+
+class MapSource:
+    """A map-style dataset (``len()`` and ``dataset[i]``) read item by item and collated."""
+
+    def __init__(self, dataset: Any, field: str = "train_data", inputs: Sequence[str] | None = None,
+                 target: str | None = None) -> None:
+        self.source, self.field, self.inputs, self.target = dataset, field, inputs, target
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[Any, np.ndarray]:
+        """The items at ``indices``, collated, as ``(inputs, targets)``."""
+        return _split(collate([self.source[int(i)] for i in indices]), self.field, self.inputs, self.target)
+
+
+class ColumnSource:
+    """A Hugging Face ``datasets.Dataset``: one batched read per batch (NumPy format), chosen columns."""
+
+    def __init__(self, dataset: Any, field: str = "train_data", inputs: Sequence[str] | None = None,
+                 target: str | None = None) -> None:
+        self.source, self.field, self.inputs, self.target = dataset, field, inputs, target
+        columns = list(inputs or ()) + ([target] if target else [])
+        missing = [c for c in columns if c not in dataset.column_names]
+        if missing:
+            raise SourceError(f"TrainTask.{field}: columns {missing} are not in the dataset's columns "
+                              f"{dataset.column_names}")
+        self.table = dataset.with_format("numpy")
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[Any, np.ndarray]:
+        """Rows ``indices`` as ``(inputs, targets)``: a dict of NumPy columns and the target column."""
+        rows = self.table[[int(i) for i in indices]]
+        return _split({k: np.asarray(v) for k, v in rows.items()}, self.field, self.inputs, self.target)
