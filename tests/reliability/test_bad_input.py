@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import struct
 import sys
@@ -206,6 +207,79 @@ def into(make: Callable[[Path, Path], list[str]], where: str) -> Callable[[Path,
     return make_into
 
 
+def replace_in_checkpoint(name: str, content: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    """Replace checkpoint file ``name`` by ``content(old bytes)`` and record its SHA-256 in the
+    manifest, as someone who hands over a crafted checkpoint would (the damage check passes)."""
+    def change(out):
+        import hashlib
+
+        checkpoint = only_checkpoint(out)
+        path = checkpoint / name
+        path.write_bytes(content(path.read_bytes()))
+        edit_manifest(lambda m: {**m, "files": {**m["files"], name: hashlib.sha256(path.read_bytes()).hexdigest()}})(out)
+    return change
+
+
+class RunsCode:
+    """Pickled (protocol 2, torch.save's), it calls ``os.system``: what a crafted weights file holds."""
+
+    def __reduce__(self):
+        return os.system, ("touch /tmp/hvdtrain-bad-input-ran",)
+
+
+def rank_state_wrong_size(old: bytes) -> bytes:
+    states = json.loads(old)
+    states[0]["rng"]["python"][1] = [1, 2, 3]
+    return json.dumps(states).encode()
+
+
+def predict_export(files: dict[str, bytes]) -> Callable[[Path, Path], list[str]]:
+    """``hvdtrain predict`` of an export folder ``inp/run/model`` holding ``files`` (an image
+    export record of a tiny torch model unless ``files`` replaces it) on one PNG."""
+    def make(inp, out):
+        model = inp / "run" / "model"
+        model.mkdir(parents=True)
+        record = {"labels": ["a", "b"], "label2id": {"a": 0, "b": 1}, "framework": "torch", "source": "hvdtrain",
+                  "model": "small_cnn", "size": 8, "transform": "resize", "val_crop": 0.875, "channels": 1,
+                  "grayscale": True, "mean": [0.5], "std": [0.5]}
+        for name, content in {"image_model.json": json.dumps(record).encode(), **files}.items():
+            (model / name).write_bytes(content)
+        Image.fromarray(np.zeros((8, 8), dtype=np.uint8), mode="L").save(inp / "x.png")
+        (inp / "run" / "config.yaml").write_text("recipe: image-classification\n")
+        return ["predict", str(inp / "run"), str(inp / "x.png")]
+    return make
+
+
+def keras_os_system() -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("metadata.json", json.dumps({"keras_version": "3.15.1"}))
+        archive.writestr("config.json", json.dumps({"module": "os", "class_name": "system",
+                                                    "registered_name": "system", "config": {"command": "true"}}))
+    return buffer.getvalue()
+
+
+def unfinished_conversion(inp, out):
+    """The shards of ``hvdtrain convert`` killed after its first shard (``.hvdtrain-convert/``, no manifest)."""
+    from hvdtrain.data.convert import convert
+
+    class Killed(Exception):
+        pass
+
+    def kill(entry):
+        raise Killed
+
+    try:
+        convert(image_tree(inp / "src"), inp / "shards", "webdataset", samples_per_shard=4, cache=inp / "cache",
+                progress=kill)
+    except Killed:
+        pass
+    return recipe(inp / "shards", out)
+
+
 TEXT_ROWS = b"text,label\n" + b"a fine film,pos\na dull film,neg\n" * 10
 
 
@@ -283,7 +357,26 @@ CASES = {
     "bert: --output holding the --model folder (item 5)": Case(
         into(text_file("d.csv", TEXT_ROWS), "."), ("is the model this run starts from", "choose another --output")),
     "text: not UTF-8": Case(text_file("d.csv", TEXT_ROWS + b"caf\xe9,pos\n"), ("d.csv line 22", "not UTF-8")),
+    "image: an unfinished hvdtrain convert (issue 41, item 3)": Case(
+        unfinished_conversion, ("holds an unfinished hvdtrain convert", "run the same hvdtrain convert")),
     # the other commands
+    "predict: image_model.json size 100000 (issue 41, item 5)": Case(
+        predict_export({"image_model.json": json.dumps({"labels": ["a"], "framework": "torch", "size": 100000}).encode()}),
+        ("image_model.json: 'size' is '100000'", "8-4096")),
+    "predict: a Keras export naming os.system (issue 41, item 8)": Case(
+        predict_export({"image_model.json": json.dumps({
+            "labels": ["a", "b"], "framework": "tensorflow", "source": "hvdtrain", "model": "small_cnn", "size": 8,
+            "transform": "resize", "val_crop": 0.875, "channels": 1, "grayscale": True, "mean": [0.5],
+            "std": [0.5]}).encode(), "model.keras": keras_os_system()}),
+        ("model.keras is not a Keras model hvdtrain can load",)),
+    "predict: an export whose config.json has an auto_map (issue 41, item 1)": Case(
+        predict_export({"image_model.json": json.dumps({
+            "labels": ["a", "b"], "framework": "torch", "source": "huggingface", "model": "vit", "size": 8,
+            "transform": "resize", "val_crop": 0.875, "channels": 3, "grayscale": False, "mean": [0.5] * 3,
+            "std": [0.5] * 3}).encode(),
+            "config.json": json.dumps({"model_type": "vit", "auto_map": {"AutoConfig": "evil.EvilConfig"}}).encode(),
+            "evil.py": b"import os\nos.system('touch /tmp/hvdtrain-bad-input-ran')\n"}),
+        ("asks to run its own code", "auto_map")),
     "predict without an export": Case(lambda inp, out: ["predict", str(inp), "a fine film"],
                                       ("holds no exported text model",)),
     "report: no metrics": Case(run_folder({}), ("has no metrics.jsonl",)),
@@ -312,6 +405,12 @@ CASES = {
         earlier_run(lambda out: None, "--resume", "--set", "data.shuffle=false"), ("data.shuffle",)),
     "resume with another remainder (item 7)": Case(
         earlier_run(lambda out: None, "--resume", "--set", "data.remainder=drop"), ("data.remainder",)),
+    "resume: model.pt with pickled code (issue 41, item 8)": Case(
+        earlier_run(replace_in_checkpoint("model.pt", lambda old: pickle.dumps(RunsCode(), protocol=2)), "--resume"),
+        ("model.pt holds pickled objects besides tensors", "GLOBAL posix.system")),
+    "resume: rank_state.json of the wrong size (issue 41, item 8)": Case(
+        earlier_run(replace_in_checkpoint("rank_state.json", rank_state_wrong_size), "--resume"),
+        ("rank_state.json is not the ranks' saved state",)),
     "resume with another sample cap (item 7)": Case(
         earlier_run(lambda out: None, "--resume", "--set", "data.max_train_samples=8"), ("data.max_train_samples",)),
 }
