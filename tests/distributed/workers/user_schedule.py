@@ -1,6 +1,9 @@
 """Worker for tests/distributed/test_user_schedule.py: the task's own optimizer and LR schedule
 under real Horovod, through the Trainer, uninterrupted and killed-then-resumed, in one job.
 
+The data as users have it: a map-style torch Dataset with dict items (torch), a Hugging Face
+``datasets.Dataset`` with chosen columns (Keras).
+
 ``python user_schedule.py FRAMEWORK REPORT_JSON OUTPUT_DIR``, under ``horovodrun -np 2``. Three runs in
 this process: ``reference`` (two epochs), ``run`` stopped by an exception at optimizer step
 :data:`STOP` (as if killed, after the step-:data:`EVERY` checkpoints), then ``run`` again with
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -25,7 +29,8 @@ from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.loop import Trainer
 from hvdtrain.core.registry import define_recipe, register_recipe
 from hvdtrain.core.resolve import load_config
-from hvdtrain.core.task import ArrayDataset, TrainTask
+from hvdtrain.core.sources import as_source
+from hvdtrain.core.task import TrainTask
 
 N, FEATURES, CLASSES, BATCH, EPOCHS = 64, 4, 3, 4, 2
 UPDATES = EPOCHS * N // (2 * BATCH)  # 2 ranks: 8 updates per epoch
@@ -49,25 +54,59 @@ class Watch(Callback):
             raise Stop()
 
 
-def data() -> tuple[ArrayDataset, ArrayDataset]:
+def arrays() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(7)
     x = rng.normal(size=(N + 16, FEATURES)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
-    return ArrayDataset(x[:N], y[:N]), ArrayDataset(x[N:], y[N:])
+    return x, (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
+
+
+def torch_data() -> tuple[Any, Any]:
+    """A map-style torch Dataset with dict items (``{"features": tensor, "label": int}``)."""
+    import torch
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self, x, y):
+            self.x, self.y = torch.from_numpy(x), y
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return {"features": self.x[i], "label": int(self.y[i])}
+
+    x, y = arrays()
+    return Rows(x[:N], y[:N]), Rows(x[N:], y[N:])
+
+
+def hf_data() -> tuple[Any, Any]:
+    """A Hugging Face datasets.Dataset with a features column and a label column."""
+    import datasets
+
+    x, y = arrays()
+    table = datasets.Dataset.from_dict({"features": x, "label": y, "note": [f"row {i}" for i in range(len(y))]})
+    return table.select(range(N)), table.select(range(N, N + 16))
 
 
 def torch_task(seen: dict) -> TrainTask:
     import torch
     import torch.nn.functional as F
 
+    class Net(torch.nn.Module):  # called as model(**inputs): the items' non-label columns
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(FEATURES, CLASSES)
+
+        def forward(self, features):
+            return self.linear(features)
+
     torch.manual_seed(0)
-    model = torch.nn.Linear(FEATURES, CLASSES)
+    model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=UPDATES)
     optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen["used"].append(opt.param_groups[0]["lr"]))
     seen["weights"] = lambda: [p.detach().numpy().copy() for p in model.parameters()]
     seen["updates"] = lambda: int(max(s["step"] for s in optimizer.state.values()))
-    train, val = data()
+    train, val = torch_data()
     return TrainTask(model=model, optimizer=optimizer, scheduler=scheduler, loss_fn=F.cross_entropy,
                      train_data=train, val_data=val,
                      metric_sums=lambda out, y: {"correct": (out.argmax(1) == y).sum()})
@@ -91,12 +130,13 @@ def keras_task(seen: dict, as_scheduler: bool) -> TrainTask:
     import tensorflow as tf
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)])
+    features = keras.Input((FEATURES,), name="features")
+    model = keras.Model(inputs={"features": features}, outputs=keras.layers.Dense(CLASSES)(features))
     schedule = keras.optimizers.schedules.CosineDecay(**COSINE)
     optimizer = keras.optimizers.AdamW(learning_rate=1e-3 if as_scheduler else schedule)
     seen["weights"] = lambda: [np.array(v.numpy()) for v in model.trainable_variables]
     seen["updates"] = lambda: int(optimizer.iterations.numpy())
-    train, val = data()
+    train, val = (as_source(part, inputs=["features"]) for part in hf_data())  # the text column left out
 
     def loss_fn(logits, y):
         return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
