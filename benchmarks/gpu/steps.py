@@ -119,7 +119,7 @@ def plain_loop(args, config, device, x, y, horovod: bool) -> Callable[[], None]:
     model.train()
 
     def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         with autocast():
             loss = loss_fn(forward(step_model, inputs), targets)
         if scaler is None:
@@ -139,6 +139,19 @@ def plain_loop(args, config, device, x, y, horovod: bool) -> Callable[[], None]:
     return step
 
 
+class FixedBatch:
+    """A dataset of one fixed batch with dict inputs (the steps never read it: a TrainTask needs one)."""
+
+    def __init__(self, inputs: dict, targets: np.ndarray) -> None:
+        self.inputs, self.targets = inputs, targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[dict, np.ndarray]:
+        return {k: v[indices] for k, v in self.inputs.items()}, self.targets[indices]
+
+
 def hvdtrain_loop(args, config, x, y) -> tuple[Callable[[], None], Any]:
     """hvdtrain's torch adapter on a TrainTask of the same model and batch."""
     from hvdtrain.core.adapter import load_adapter
@@ -148,7 +161,7 @@ def hvdtrain_loop(args, config, x, y) -> tuple[Callable[[], None], Any]:
     adapter = load_adapter("torch")
     adapter.init(config)
     model = build_model(args.model, args.size, args.classes, args.seq)
-    data = ArrayDataset(x, y)
+    data = ArrayDataset(x, y) if isinstance(x, np.ndarray) else FixedBatch(x, y)
     task = TrainTask(model=model, optimizer=build_optimizer(model.parameters(), config.optim), loss_fn=loss_fn,
                      train_data=data, val_data=data,
                      metric_sums=lambda out, t: {"correct": (logits_of(out).argmax(dim=1) == t).sum()})
