@@ -199,7 +199,10 @@ class TensorFlowAdapter(FrameworkAdapter):
                               _qualname(schedule) if schedule is not None else None)
 
     def learning_rate(self) -> float:
-        optimizer = self.sharded.inner if self.sharded is not None else self.inner_optimizer
+        if self.sharded is not None:
+            optimizer = self.sharded.inner
+        else:  # pipeline stages set the adapter's optimizer only
+            optimizer = getattr(self, "inner_optimizer", None) or self.optimizer
         return float(np.asarray(optimizer.learning_rate))
 
     def _fine_tuning(self, task: Any, config: Any) -> None:

@@ -71,7 +71,7 @@ class TrackersCallback(Callback):
             self._each(lambda t: t.set_tags(tags))
             return
         recorded = read_runs(self.output)
-        params = flatten(redact_values(info.get("config_ran") or to_dict(config)))  # secrets in URIs: never  # the optimizer that ran
+        params = flatten(redact_values(info.get("config_ran") or to_dict(config)))  # what ran; secrets in URIs: never
         run_name = config.log.run_name or self.output.resolve().name
         for name in self.names:
             previous = recorded.get(name, {})
