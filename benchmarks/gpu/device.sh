@@ -17,14 +17,15 @@
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-out="$(mkdir -p "${1:-${OUT:-/tmp/hvdtrain-gpu-out}}" && cd "${1:-${OUT:-/tmp/hvdtrain-gpu-out}}" && pwd)"
+results="$(mkdir -p "${1:-${OUT:-/tmp/hvdtrain-gpu-out}}" && cd "${1:-${OUT:-/tmp/hvdtrain-gpu-out}}" && pwd)"
 sections="${2:-build steps bert jpeg fp16 checks compile}"
 python="${PYTHON:-python3}"
 work="${HVDTRAIN_GPU_WORK:-/tmp/hvdtrain-gpu}"
 small="${HVDTRAIN_GPU_REHEARSAL:-0}"
-mkdir -p "$work"
+out="$work/out"  # every log and JSON; RESULTS gets summary.txt and all of them as logs.tgz after each step
+mkdir -p "$work" "$out"
 cd "$repo"
-summary="$out/summary.txt"
+summary="$results/summary.txt"
 say() { printf '[device %s] %s\n' "$(date +%T)" "$*" | tee -a "$out/log.txt"; }
 
 # --- the carried wheels: installed into a folder of their own, never into the machine's Python ---
@@ -48,6 +49,7 @@ run() {
   rc=$?
   printf '%-28s rc=%-4s %5ss\n' "$name" "$rc" "$((SECONDS - started))" | tee -a "$summary"
   tail -n 3 "$out/$name.log" | sed 's/^/    /'
+  tar czf "$results/.logs.$BASHPID.tgz" -C "$out" . 2>/dev/null && mv "$results/.logs.$BASHPID.tgz" "$results/logs.tgz"
   return $rc
 }
 want() { [[ " $sections " == *" $1 "* ]]; }
