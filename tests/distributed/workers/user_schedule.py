@@ -4,7 +4,7 @@ under real Horovod, through the Trainer, uninterrupted and killed-then-resumed, 
 The data as users have it: a map-style torch Dataset with dict items (torch), a Hugging Face
 ``datasets.Dataset`` with chosen columns (Keras).
 
-``python user_schedule.py FRAMEWORK REPORT_JSON OUTPUT_DIR``, under ``horovodrun -np 2``. Three runs in
+``python user_schedule.py FRAMEWORK REPORT_JSON OUTPUT_DIR [KEY=VALUE ...]``, under ``horovodrun -np 2``. Three runs in
 this process: ``reference`` (two epochs), ``run`` stopped by an exception at optimizer step
 :data:`STOP` (as if killed, after the step-:data:`EVERY` checkpoints), then ``run`` again with
 ``checkpoint.resume=true``. torch: AdamW(lr=1e-3) + OneCycleLR, with an optimizer step pre-hook
@@ -105,7 +105,7 @@ def torch_task(seen: dict) -> TrainTask:
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=MAX_LR, total_steps=UPDATES)
     optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen["used"].append(opt.param_groups[0]["lr"]))
     seen["weights"] = lambda: [p.detach().numpy().copy() for p in model.parameters()]
-    seen["updates"] = lambda: int(max(s["step"] for s in optimizer.state.values()))
+    seen["updates"] = lambda: int(max((s["step"] for s in optimizer.state.values()), default=-1))  # -1: a copy steps
     train, val = torch_data()
     return TrainTask(model=model, optimizer=optimizer, scheduler=scheduler, loss_fn=F.cross_entropy,
                      train_data=train, val_data=val,
@@ -164,7 +164,7 @@ def main() -> None:
     report: dict = {}
     common = [f"framework={framework}", "recipe=user-schedule", f"train.epochs={EPOCHS}", f"train.batch_size={BATCH}",
               "train.log_every=0", "train.tensorboard=false", "train.progress_bar=false",
-              f"checkpoint.every_steps={EVERY}", "checkpoint.keep_last=100"]
+              f"checkpoint.every_steps={EVERY}", "checkpoint.keep_last=100", *sys.argv[4:]]  # extra: KEY=VALUE
     rank = 0
     for name, output, extra, stop in (("reference", "reference", [], None), ("stopped", "run", [], STOP),
                                       ("resumed", "run", ["checkpoint.resume=true"], None)):
