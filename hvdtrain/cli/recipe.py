@@ -12,6 +12,7 @@ import click
 
 from hvdtrain.cli.common import USER_ERRORS, fail, main
 from hvdtrain.core.config import FRAMEWORKS, describe_keys
+from hvdtrain.core.redact import redact_values
 from hvdtrain.core.preemption import EXIT_PREEMPTED, Preempted
 from hvdtrain.core.resolve import load_config
 from hvdtrain.core.plugins import resolve_recipe_name
@@ -94,7 +95,7 @@ def _print_keys(config, spec) -> None:
                f"its own sections: {', '.join(sorted(own)) or 'none'}):")
     for key, value, text in describe_keys(config):
         marker = "*" if key.split(".")[0] in own else " "
-        click.echo(f"{marker} {key} = {value!r}\n      {text}")
+        click.echo(f"{marker} {key} = {redact_values(value)!r}\n      {text}")  # secrets in URIs: never shown
     for old, new in spec.moved_keys.items():
         click.echo(f"  {old}: old spelling of {new} (still accepted)")
 

@@ -869,9 +869,7 @@ def _note(key: str, message: str) -> None:
 
 def describe_keys(config: RunConfig) -> list[tuple[str, Any, str]]:
     """Every key of ``config`` (core and recipe sections) as ``(dotted key, value, help)``; the help
-    ends with the allowed choices or range; secrets in URIs are redacted (shown, never the real value)."""
-    from hvdtrain.core.redact import redact_values
-
+    ends with the allowed choices or range."""
     rows: list[tuple[str, Any, str]] = []
 
     def walk(obj: Any, prefix: str) -> None:
@@ -890,14 +888,13 @@ def describe_keys(config: RunConfig) -> list[tuple[str, Any, str]]:
                     lo = "" if meta.get("min") is None else f"{'>' if meta.get('min_exclusive') else '>='} {meta['min']}"
                     hi = "" if meta.get("max") is None else f"<= {meta['max']}"
                     extra = f" [{', '.join(p for p in (lo, hi) if p)}]"
-                rows.append((prefix + f.name, redact_values(value), str(meta.get("help", "")) + extra))
+                rows.append((prefix + f.name, value, str(meta.get("help", "")) + extra))
 
     walk(config, "")
     return rows
 
 
 def dump_yaml(config: RunConfig) -> str:
-    """The resolved config as YAML text, with secrets in URIs redacted (:mod:`hvdtrain.core.redact`)."""
-    from hvdtrain.core.redact import redact_values
-
-    return yaml.safe_dump(redact_values(to_dict(config)), sort_keys=False)
+    """The resolved config as YAML text (the real values: a writer passes it through
+    :func:`hvdtrain.core.redact.redact_values` first, as ``config.yaml``'s does)."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)

@@ -94,3 +94,15 @@ def test_the_cannot_reach_error_hides_the_secret(tmp_path, monkeypatch, where):
         fit(tmp_path / "down", *overrides)
     assert f"cannot reach the MLflow tracking server at http://***@127.0.0.1:{port}" in str(caught.value)
     assert SECRET not in str(caught.value)
+
+
+def test_the_keys_listing_hides_the_secret(monkeypatch):
+    from click.testing import CliRunner
+
+    from hvdtrain.cli import main
+
+    isolate_environ(monkeypatch, ["TF_CPP_MIN_LOG_LEVEL"])
+    result = CliRunner().invoke(main, ["recipe", "image-classification", "--keys", "--set",
+                                       f"log.mlflow_tracking_uri=http://alice:{SECRET}@h:5000"], catch_exceptions=False)
+    assert result.exit_code == 0 and "log.mlflow_tracking_uri = 'http://***@h:5000'" in result.stdout
+    assert SECRET not in result.stdout + result.stderr
