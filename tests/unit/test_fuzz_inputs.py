@@ -241,3 +241,38 @@ def test_labels_csv_not_utf8():
     """A fuzz finding (fixed by helper data): a labels CSV that is not UTF-8 raised UnicodeDecodeError,
     naming no file."""
     _read_labels(b"\x80")
+
+
+# --- issue 41: Slurm's host lists, and the geometry of a tensor in a .pth file ----------------------
+
+@FUZZ
+@given(text=st.one_of(st.text(alphabet="n[]-,0123456789x ", max_size=24), st.text(max_size=24)))
+@example(text="node[0-99999999]")  # was minutes of expansion and gigabytes
+@example(text="node[5-1]")  # was an empty host list, exit 0
+@example(text="n[]")  # was a traceback
+def test_slurm_node_lists(text):
+    from hvdtrain.core.slurm import MAX_HOSTS, NODE_NAME, SlurmError, hostnames
+
+    try:
+        names = hostnames(text, "SLURM_JOB_NODELIST")
+        assert 0 < len(names) <= MAX_HOSTS and all(NODE_NAME.fullmatch(name) for name in names)
+    except SlurmError as exc:
+        _one_line_naming(exc, "SLURM_JOB_NODELIST=")
+
+
+@FUZZ
+@given(stored=st.integers(0, 64), offset=st.integers(-5, 2**64), size=st.lists(st.integers(-2, 2**40), max_size=4),
+       stride=st.lists(st.integers(-2, 2**40), max_size=4))
+@example(stored=4, offset=0, size=[200_000], stride=[1])  # was 38,597 non-zero floats of process memory
+def test_torch_pickle_tensor_geometry(stored, offset, size, stride):
+    import numpy as np
+
+    from recipes.image_classification.torch_pickle import NotWeightsError, _rebuild_tensor
+
+    storage = np.arange(1, stored + 1, dtype=np.float32)
+    try:
+        tensor = _rebuild_tensor(storage, offset, tuple(size), tuple(stride))
+    except NotWeightsError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert tensor.shape == tuple(size) and set(tensor.ravel().tolist()) <= set(storage.tolist())
