@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain import jobchannel
+from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.config import RunConfig, to_dict
 from hvdtrain.core.loop import RunResult, train
 from hvdtrain.core.plugins import resolve_recipe_name
@@ -94,7 +95,7 @@ def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: 
         config_file: str | Path | None = None, overrides: dict[str, Any] | list[str] | None = None,
         hosts: str | None = None, ssh_port: int | None = None, ssh_identity_file: str | None = None,
         network_interfaces: str | None = None, start_timeout: int | None = None, verbose: bool = False,
-        **kwargs: Any) -> RunResult:
+        callbacks: list[Callback] | tuple[Callback, ...] = (), **kwargs: Any) -> RunResult:
     """Train ``recipe`` on ``np`` workers and return rank 0's :class:`~hvdtrain.core.loop.RunResult`
     (``history``: one metrics dict per epoch; ``checkpoint``: the final checkpoint's path).
 
@@ -104,19 +105,28 @@ def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: 
     ``network_interfaces`` (``"eth0"``) picks the interface(s) Horovod uses between hosts. Before
     any worker starts, every remote host is checked: one that SSH cannot reach, or that has another
     hvdtrain, Python, framework or Horovod version, raises :class:`~hvdtrain.tools.hosts.HostError`
-    naming it. Config arguments are those of :func:`resolve_config`. Raises :class:`WorkerError`
-    (with the failing worker's traceback) if any worker fails; no worker outlives the call.
+    naming it. Config arguments are those of :func:`resolve_config`. ``callbacks``
+    (:class:`hvdtrain.Callback` instances) run in every worker beside hvdtrain's own: they travel
+    with the job (pickled by value), so each worker holds its own copy (``on_train_begin``'s
+    ``ctx.rank`` says which). Raises :class:`WorkerError` (with the failing worker's traceback) if
+    any worker fails; no worker outlives the call.
     """
     if not isinstance(np, int) or isinstance(np, bool) or np < 1:
         raise ValueError(f"np={np!r}: the number of workers must be an integer >= 1")
     config = resolve_config(recipe, framework, config_file, overrides, **kwargs)
+    callbacks = list(callbacks)
+    bad = [c for c in callbacks if not isinstance(c, Callback)]
+    if bad:
+        raise TypeError(f"callbacks: {type(bad[0]).__module__}.{type(bad[0]).__qualname__} is not a "
+                        f"hvdtrain.Callback (subclass it and override its hooks)")
     if np == 1:
-        return train(config)
+        return train(config, callbacks)
     hosts = hosts or f"localhost:{np}"
     ssh = {"ssh_port": ssh_port, "ssh_identity_file": ssh_identity_file}
     _check_hosts(hosts, **ssh)
     return _launch(config, get_recipe(config.recipe), np, hosts, start_timeout, verbose,
-                   network_interfaces=network_interfaces.split(",") if network_interfaces else None, **ssh)
+                   network_interfaces=network_interfaces.split(",") if network_interfaces else None,
+                   callbacks=callbacks, **ssh)
 
 
 def _check_hosts(hosts: str, ssh_port: int | None, ssh_identity_file: str | None) -> None:
@@ -133,7 +143,8 @@ def _check_hosts(hosts: str, ssh_port: int | None, ssh_identity_file: str | None
 
 
 def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_timeout: int | None,
-            verbose: bool, network_interfaces: list[str] | None = None, **ssh: Any) -> RunResult:
+            verbose: bool, network_interfaces: list[str] | None = None, callbacks: list[Callback] | None = None,
+            **ssh: Any) -> RunResult:
     """Horovod's launcher over Gloo running :func:`_task_main` on every worker, which fetches the job
     from, and sends its result or failure to, this process's authenticated
     :class:`~hvdtrain.jobchannel.Channel`.
@@ -151,7 +162,7 @@ def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_time
 
     key = secrets.token_bytes(32)
     channel = jobchannel.Channel(jobchannel.channel_address(hosts, network_interfaces), key,
-                                 cloudpickle.dumps((config, spec)))
+                                 cloudpickle.dumps((config, spec, list(callbacks or ()))))
     args = _HorovodArgs()
     args.num_proc, args.hosts, args.use_gloo, args.start_timeout = np, hosts, True, start_timeout
     args.verbose = 2 if verbose else None
@@ -187,8 +198,8 @@ def _task_main() -> None:
     import cloudpickle
 
     address, port, key = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
-    config, spec = cloudpickle.loads(jobchannel.request(address, port, key, "GET", "/job"))  # checked: signed by the caller
-    result = _worker(config, spec, (address, port, key))
+    config, spec, callbacks = cloudpickle.loads(jobchannel.request(address, port, key, "GET", "/job"))  # checked: signed by the caller
+    result = _worker(config, spec, (address, port, key), callbacks)
     if result is not None:
         body = {"output": str(result.output), "history": result.history, "world_size": result.world_size,
                 "checkpoint": str(result.checkpoint) if result.checkpoint else None}
@@ -200,12 +211,14 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else str(value)
 
 
-def _worker(config: RunConfig, spec: RecipeSpec, channel: tuple[str, int, bytes]) -> RunResult | None:
-    """What each worker runs: register the shipped recipe, train, report a failure before dying."""
+def _worker(config: RunConfig, spec: RecipeSpec, channel: tuple[str, int, bytes],
+            callbacks: list[Callback] | tuple[Callback, ...] = ()) -> RunResult | None:
+    """What each worker runs: register the shipped recipe, train (with the caller's callbacks),
+    report a failure before dying."""
     rank = int(os.environ.get("HOROVOD_RANK", "0"))
     try:
         register_spec(spec, replace=True)
-        result = train(config)
+        result = train(config, callbacks)
     except Exception as exc:
         _send_report(rank, exc, channel)
         raise  # a non-zero exit: the launcher stops the other workers at once
