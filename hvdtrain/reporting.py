@@ -190,7 +190,8 @@ def summary_lines(data: RunData) -> list[tuple[str, str]]:
         ("workers", str(final.get("world_size", "?"))),
         ("epochs", f"{final.get('epoch')} of {train.get('epochs', '?')}"),
         ("batch per worker", str(train.get("batch_size", "?"))),
-        ("optimizer", f"{optim.get('name', '?')}, base LR {optim.get('lr', '?')}, scaling {optim.get('lr_scaling', '?')}"),
+        ("optimizer", f"{optim['ran']} (the task's own), LR {optim.get('lr', '?')} at the start" if optim.get("ran")
+         else f"{optim.get('name', '?')}, base LR {optim.get('lr', '?')}, scaling {optim.get('lr_scaling', '?')}"),
         ("optimizer steps", str(final.get("step", "?"))),
     ]
     for key in ("train_loss", "val_loss", "val_accuracy"):

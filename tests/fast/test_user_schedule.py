@@ -172,6 +172,10 @@ def test_the_tasks_scheduler_sets_every_updates_lr_and_the_logs_say_so(tmp_path,
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())["optim"]
     assert saved["ran"] == "test_user_schedule.SGD + test_user_schedule.OneCycle"
     assert saved["schedule"] == "task" and "name" not in saved and "warmup_epochs" not in saved
+    from hvdtrain.reporting import load_run, summary_lines  # hvdtrain report's summary
+
+    assert dict(summary_lines(load_run(tmp_path)))["optimizer"] == (
+        f"test_user_schedule.SGD + test_user_schedule.OneCycle (the task's own), LR {expected[0]} at the start")
 
 
 @pytest.mark.parametrize("stop_at", [7, 17])  # inside epoch 1 (after the step-5 checkpoint), inside epoch 2
