@@ -57,7 +57,11 @@ class TrainTask:
     """A recipe's product, consumed by :class:`hvdtrain.core.loop.Trainer` through an adapter.
 
     ``model``, ``optimizer`` and ``loss_fn`` are framework-native (``loss_fn(outputs, targets)``
-    returns a scalar mean loss). ``metric_sums(outputs, targets)`` returns framework-native
+    returns a scalar mean loss). ``train_data`` and ``val_data`` are read through
+    :func:`hvdtrain.core.sources.as_source` (see :class:`Dataset`): a batch's inputs given as a
+    dict are passed as ``model(**inputs)`` in torch and ``model(inputs)`` in Keras, and
+    ``loss_fn`` receives what the model returned (a Hugging Face ``ModelOutput`` too: its own
+    ``loss`` is there for a ``loss_fn`` that returns it). ``metric_sums(outputs, targets)`` returns framework-native
     per-batch sums (for example ``{"correct": ...}``); ``finalize_metrics`` turns the summed values
     (plus ``count``) into the reported metrics. ``export(output_dir)``, if given, runs on rank 0
     after the last epoch (for example to write a model usable outside hvdtrain).
