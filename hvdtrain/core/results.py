@@ -60,9 +60,11 @@ class EpochStats:
 
 def epoch_line(record: dict[str, Any]) -> str:
     """Rank 0's line after an epoch (``record``: the epoch's ``metrics.jsonl`` record)."""
+    metrics = ["val_accuracy"] if "val_accuracy" in record else [  # else the task's own, none made up
+        k for k, v in record.items() if k.startswith("val_") and k != "val_loss" and isinstance(v, (int, float))]
+    shown = "".join(f"{k} {record[k]:.4f} " for k in metrics)
     return ("epoch {epoch}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
-            "val_accuracy {acc:.4f} {samples_per_sec:.0f} samples/s".format(
-                acc=record.get("val_accuracy", float("nan")), **record))
+            "{shown}{samples_per_sec:.0f} samples/s".format(shown=shown, **record))
 
 
 def done_line(config: Any, world_size: int, result: RunResult) -> str:

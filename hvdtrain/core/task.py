@@ -48,7 +48,10 @@ class ArrayDataset:
 
 
 def accuracy_from_sums(sums: dict[str, float]) -> dict[str, float]:
-    """Classification accuracy from the summed ``correct`` and ``count``."""
+    """Classification accuracy from the summed ``correct`` and ``count``; nothing for a task whose
+    ``metric_sums`` has no ``correct`` (a regression reports its loss and its own metrics only)."""
+    if "correct" not in sums:
+        return {}
     return {"accuracy": sums["correct"] / max(1.0, sums["count"])}
 
 
