@@ -56,7 +56,8 @@ def compare(records: list[dict[str, Any]]) -> str | None:
 def check_same_data(adapter: Any, task: Any) -> None:
     """Collective, on every rank: raise :class:`TrainingError` on all ranks alike if their training or
     validation data differ."""
-    mine = {"host": socket.gethostname(), "train": describe(task.train_data), "val": describe(task.val_data)}
+    mine = {"host": socket.gethostname(), "train": describe(task.train_data),
+            "val": describe(task.val_data) if task.val_data is not None else (0, None)}
     refusal = compare(adapter.allgather_object(mine))
     if refusal:
         raise TrainingError(refusal)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdtrain.core.errors import TrainingError
+from hvdtrain.core.provenance import user_set
 
 # The metrics every rank agrees on (computed from allreduced values): ``train_loss`` and ``val_*``.
 AGREED = "train_loss and the validation metrics (val_loss, val_accuracy, ...)"
@@ -62,6 +63,22 @@ class Settings:
             else:
                 mode = "min" if metric and "loss" in metric else "max"
         return cls(int(train.early_stopping), metric, mode, float(train.early_stopping_min_delta))
+
+
+def validation_refusal(config: Any) -> str | None:
+    """Why ``config`` cannot run a task without validation data (``TrainTask.val_data=None``), or
+    None: early stopping must watch ``train_loss``, and a best checkpoint set on a validation metric
+    has none to rank by."""
+    settings = Settings.of(config)
+    if settings is not None and settings.metric and settings.metric.startswith("val_"):
+        key = "train.early_stopping_metric" if config.train.early_stopping_metric else "checkpoint.best_metric"
+        return (f"{key}={settings.metric} (train.early_stopping={settings.patience}): the task has no validation "
+                f"data (TrainTask.val_data=None); set train.early_stopping_metric=train_loss or give validation data")
+    best = config.checkpoint.best_metric
+    if best and best.startswith("val_") and user_set(config, "checkpoint.best_metric"):
+        return (f"checkpoint.best_metric={best}: the task has no validation data (TrainTask.val_data=None); set "
+                f"checkpoint.best_metric=train_loss (checkpoint.best_mode=min) or give validation data")
+    return None
 
 
 def config_refusal(config: Any) -> str | None:

@@ -36,7 +36,7 @@ from hvdtrain.core import dataset_check, early_stop, elastic, optimizer_policy, 
 from hvdtrain.core.adapter import FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager
-from hvdtrain.core.config import RunConfig
+from hvdtrain.core.config import ConfigError, RunConfig
 from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.evaluation import evaluate
@@ -111,8 +111,16 @@ class Trainer:
         rules.check_task(task, cfg)
         if len(task.train_data) < ctx.size:
             raise TrainingError(f"{len(task.train_data)} training samples cannot be shared by {ctx.size} workers")
-        if len(task.val_data) == 0:
-            raise TrainingError("the validation set is empty")
+        if task.val_data is not None and len(task.val_data) == 0:
+            raise TrainingError("the validation set is empty (TrainTask.val_data=None trains without validation)")
+        if task.val_data is None:  # a run without validation: early stopping and the best checkpoint on train_loss
+            problem = early_stop.validation_refusal(cfg)
+            if problem:
+                raise ConfigError(problem)
+            if (self.manager.best_metric or "").startswith("val_"):  # checkpoint.best_metric's default
+                self.manager.best_metric, self.manager.best_mode = "train_loss", "min"
+                gate.print("hvdtrain: no validation data (TrainTask.val_data=None): the best checkpoint kept is "
+                           "the one with the lowest train_loss")
         # whose LR runs: hvdtrain's schedule, or the task's own optimizer and scheduler (optimizer_policy)
         has_scheduler = getattr(task, "scheduler", None) is not None
         self.lr_policy, notes = optimizer_policy.decide(cfg, adapter.describe_optimizer(task), has_scheduler)
@@ -175,8 +183,9 @@ class Trainer:
         schedule = None if policy.task else build_schedule(
             policy.optim or cfg.optim, ctx.data_size, opt_steps, cfg.train.epochs, cfg.train.grad_accumulation)
         position = state.position
+        val_samples = len(task.val_data) if task.val_data is not None else "no"
         gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {len(task.train_data)} train / "
-                   f"{len(task.val_data)} val samples, {micro_steps} steps/epoch of {cfg.train.batch_size} "
+                   f"{val_samples} val samples, {micro_steps} steps/epoch of {cfg.train.batch_size} "
                    f"per worker, " + (policy.describe() if schedule is None else f"peak LR {schedule.peak_lr:g}"))
         self.hooks.on_train_begin(ctx, {"config": cfg, "output": self.output, "start_epoch": position.epoch,
                                         "steps_per_epoch": micro_steps, "world_size": ctx.size,
@@ -198,7 +207,11 @@ class Trainer:
                                              "time": time.perf_counter() - started,
                                              "skipped": float(adapter.skipped_updates - skipped_before)})
             adapter.sync_replicas()  # local SGD: evaluate (and checkpoint) the averaged model
-            val = evaluate(task, adapter, ctx, cfg, self.watchdog)
+            if task.val_data is not None:
+                val = evaluate(task, adapter, ctx, cfg, self.watchdog)
+            else:  # no validation: every rank still holds the model rank 0 saves
+                adapter.sync_model_buffers()  # distributed
+                val = {}
             record = {
                 "epoch": epoch + 1,
                 "train_loss": totals["loss_sum"] / max(1.0, totals["samples"]),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdtrain.core.config import ConfigError, OptimConfig, to_dict
+from hvdtrain.core.provenance import user_set
 
 # an optimizer built from optim.* carries this attribute (True): hvdtrain's schedule sets its LR
 FROM_CONFIG = "_hvdtrain_from_optim_config"
@@ -80,14 +81,8 @@ class LRPolicy:
 
 
 def explicit_keys(config: Any) -> set[str]:
-    """The dotted ``optim.*`` keys the user set: those :func:`hvdtrain.core.resolve.load_config`
-    recorded (recipe defaults, config file, arguments, overrides), and any whose value is not the
-    default."""
-    recorded = set(getattr(config, "__dict__", {}).get("explicit_keys", ()) or ())
-    default = OptimConfig()
-    differing = {f"optim.{f.name}" for f in dataclasses.fields(OptimConfig)
-                 if getattr(config.optim, f.name) != getattr(default, f.name)}
-    return {k for k in recorded if k.startswith("optim.")} | differing
+    """The dotted ``optim.*`` keys the user set (:func:`hvdtrain.core.provenance.user_set`)."""
+    return {f"optim.{f.name}" for f in dataclasses.fields(OptimConfig) if user_set(config, f"optim.{f.name}")}
 
 
 def _same_lr(a: float, b: float) -> bool:

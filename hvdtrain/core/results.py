@@ -63,8 +63,10 @@ def epoch_line(record: dict[str, Any]) -> str:
     metrics = ["val_accuracy"] if "val_accuracy" in record else [  # else the task's own, none made up
         k for k, v in record.items() if k.startswith("val_") and k != "val_loss" and isinstance(v, (int, float))]
     shown = "".join(f"{k} {record[k]:.4f} " for k in metrics)
-    return ("epoch {epoch}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
-            "{shown}{samples_per_sec:.0f} samples/s".format(shown=shown, **record))
+    if "val_loss" in record:  # absent without validation data
+        shown = f"val_loss {record['val_loss']:.4f} " + shown
+    return "epoch {epoch}: train_loss {train_loss:.4f} {shown}{samples_per_sec:.0f} samples/s".format(
+        shown=shown, **record)
 
 
 def done_line(config: Any, world_size: int, result: RunResult) -> str:
