@@ -4,6 +4,8 @@
 #   bash scripts/docker-build.sh [TAG]          # or: make docker-cpu     (default TAG: hvdtrain:cpu)
 #   bash scripts/docker-build.sh -f docker/Dockerfile.gpu [TAG]   # or: make docker-gpu (hvdtrain:gpu)
 #
+#   bash scripts/docker-build.sh --base-only    # steps 1 and 2 only: the engine and the base image
+#                                               # (.ci/run makes them beside `make setup`)
 # -f DOCKERFILE: the Dockerfile to build (default docker/Dockerfile.cpu); the default TAG is
 # hvdtrain:<its suffix>. Only the CPU build gets torch's CPU index (step 5).
 # 1. a Docker engine with BuildKit (scripts/docker-daemon.sh: starts or installs one when root);
@@ -24,6 +26,8 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dockerfile="docker/Dockerfile.cpu"
+base_only=0
+if [[ "${1:-}" == "--base-only" ]]; then base_only=1; shift; fi
 if [[ "${1:-}" == "-f" ]]; then
   [[ -n "${2:-}" ]] || { echo "[hvdtrain docker] ERROR: -f needs a Dockerfile (docker/Dockerfile.cpu or docker/Dockerfile.gpu)" >&2; exit 2; }
   dockerfile="$2"
@@ -48,6 +52,7 @@ if ! "$docker" image inspect "$base" >/dev/null 2>&1 && ! timeout 300 "$docker" 
   base="local/bookworm:minbase"
   bash scripts/docker-base.sh "$base"
 fi
+if (( base_only )); then say "engine and base image $base ready in $(( $(date +%s) - start )) s"; exit 0; fi
 
 find docker/wheels -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
 staged=0

@@ -3,7 +3,9 @@
     make test TEST_WORKERS=0 PYTEST_ARGS=--durations=0 | tee /tmp/suite.log
     python tests/module_seconds.py /tmp/suite.log
 
-Every ``--durations`` line (setup, call and teardown) is added to its module.
+Every ``--durations`` line (setup, call and teardown) is added to its module. A log without them
+(``make test`` as it is, in two workers) is read from the module summary that tests/conftest.py
+prints at its end (``   412.3s module   tests/cluster/test_cluster.py ...``).
 
     HVDTRAIN_TEST_JOB_LOG=/tmp/jobs.jsonl make test
     python tests/module_seconds.py --jobs /tmp/jobs.jsonl
@@ -22,6 +24,7 @@ from pathlib import Path
 
 FILE = Path(__file__).with_name("module_seconds.json")
 LINE = re.compile(r"([0-9.]+)s (?:setup|call|teardown)\s+tests/(\S+?\.py)::")
+SUMMARY = re.compile(r"\s*([0-9.]+)s module\s+tests/(\S+?\.py)\s")
 
 
 def main(log: str) -> None:
@@ -30,8 +33,13 @@ def main(log: str) -> None:
         found = LINE.match(line)
         if found:
             seconds[found.group(2)] += float(found.group(1))
+    if not seconds:  # no --durations lines: the module summary of tests/conftest.py
+        for line in Path(log).read_text().splitlines():
+            found = SUMMARY.match(line)
+            if found:
+                seconds[found.group(2)] = float(found.group(1))
     if not seconds:
-        sys.exit(f"{log}: no --durations lines (run pytest with --durations=0)")
+        sys.exit(f"{log}: no --durations lines and no module summary (run pytest with --durations=0)")
     about = json.loads(FILE.read_text()).get("_about", "")
     table = {name: round(s, 1) for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])}
     FILE.write_text(json.dumps({"_about": about, **table}, indent=1) + "\n")

@@ -1,9 +1,10 @@
 """Containers as hosts for tests/cluster: the image, a network, a shared volume, an SSH key pair.
 
 :func:`docker_capability` says whether Docker can be used here (running, or installable as root);
-:class:`Cluster` builds the CPU image once with ``scripts/docker-build.sh`` (the cached Horovod
+:class:`Cluster` has the CPU image built with ``scripts/docker-build.sh`` (the cached Horovod
 wheel reused) the way a user who followed the README does: from a copy of this tree in which the
-README's key pair was made (``hvdtrain-ssh/``; the user's tree is not touched), then starts
+README's key pair was made (``hvdtrain-ssh/``; the user's tree is not touched), once for both Docker
+modules (tests/cluster/images.py), then starts
 containers with the ``worker`` entrypoint (sshd on 2222) and that key pair as hosts ``h1``,
 ``h2``... on one user-defined network, and removes containers, network and volume at the end (the
 image and its build cache stay, so the next run builds in seconds). :func:`key_material_in_layers`
@@ -165,21 +166,16 @@ class Cluster:
 
     # -- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
-        """Start/install Docker if needed and build the image (one command: scripts/docker-build.sh)
-        in a copy of this tree where the README's key pair has been made first."""
+        """Start/install Docker if needed and have the CPU image built from this tree
+        (tests/cluster/images.py: scripts/docker-build.sh, once per state of the tree for both Docker
+        modules, from a copy of this tree where the README's key pair was made first; that key
+        pair is the hosts')."""
+        from cluster import images
+
         started = time.monotonic()
-        proc = subprocess.run(["bash", "scripts/docker-daemon.sh"], cwd=REPO, capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        self.docker = proc.stdout.strip()
-        copy_tree(REPO, self.context)
-        make_key_pair(self.keys)
-        log = self.tmp / "docker-build.log"
-        with open(log, "w") as out:
-            proc = subprocess.run(["bash", "scripts/docker-build.sh", IMAGE], cwd=self.context, stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=2400)
-        assert proc.returncode == 0, "image build failed:\n" + log.read_text()[-6000:]
-        self.timings["build"] = time.monotonic() - started
+        self.docker, spent = images.ensure(("cpu",))
+        self.context, self.keys = images.CONTEXT, images.KEYS
+        self.timings.update(build=time.monotonic() - started, **{f"build_{k}": v for k, v in spent.items()})
 
     def start(self, names: list[str]) -> None:
         """The network, the shared volume, a key pair, and one worker container per name (started

@@ -1,10 +1,12 @@
 """Multi-host jobs for real: containers from the CPU image as hosts h1, h2 (sshd on 2222, one key
 pair, a shared volume), launched from h1 over SSH.
 
-* ``horovodrun -np 4 -H h1:2,h2:2 -p 2222`` with Gloo (the `hvdtrain recipe` command) and with
-  ``--mpi`` (the same command line run by workers/cli_ranks.py, which then compares every rank's
-  parameters), both frameworks;
-* ``hvdtrain.run(..., np=4, hosts="h1:2,h2:2", ssh_port=2222)`` from Python;
+* ``horovodrun -np 4 -H h1:2,h2:2 -p 2222 --mpi`` (the `hvdtrain recipe` command line run by
+  workers/cli_ranks.py, which then compares every rank's parameters), both frameworks;
+* ``hvdtrain.run(..., np=4, hosts="h1:2,h2:2", ssh_port=2222)`` from Python: Horovod's own launch
+  (what ``horovodrun -H ... --gloo`` runs) of the `hvdtrain recipe` command over Gloo, TensorFlow;
+  torch over Gloo across the hosts is the elastic case's (a torch `horovodrun --gloo -H` job of its
+  own repeated what these two prove and was folded into them on 2026-11-27);
 * elastic: a host-discovery script over h1 and h2, launched from a third container h0 outside
   it (Horovod may put rank 0 on either host), ``docker kill`` of the host without rank 0
   mid-epoch, the survivors continue, the host is started again and rejoins, the run finishes all
@@ -42,8 +44,10 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(2400),
               pytest.mark.skipif(bool(WHY_NOT), reason=f"no Docker: {WHY_NOT}")]
 
 DATA = "/data/mnist-imagefolder"  # this machine's embedded MNIST, mounted read-only on every host (a shared file system)
-TRAIN = ["--data", DATA, "--batch-size", "32", "--set", "data.max_train_samples=1024",
-         "--set", "data.max_val_samples=256", "--set", "train.log_every=0"]
+# 256 samples / 4 ranks / batch 32 = 2 steps per epoch, 2 epochs: ranks on both hosts, one metrics
+# line per epoch, a checkpoint per epoch and identical parameters need no more (was 1,024 and 256)
+TRAIN = ["--data", DATA, "--batch-size", "32", "--set", "data.max_train_samples=256",
+         "--set", "data.max_val_samples=64", "--set", "train.log_every=0"]
 WORKERS_LINE = "hvdtrain: workers on h1 (ranks 0-1), h2 (ranks 2-3)"
 
 
@@ -118,16 +122,6 @@ def test_each_host_has_its_own_host_keys_and_only_certified_hosts_are_trusted(cl
     assert cluster.exec("h1", "ssh", "-p", str(SSH_PORT), "h2", "hostname").stdout.strip() == "h2"
 
 
-def test_horovodrun_gloo_across_hosts(cluster):
-    """torch over Gloo from the CLI; TensorFlow over Gloo is test_python_api_across_hosts's job."""
-    name, framework = "gloo-torch", "torch"
-    proc = cluster.exec("h1", "horovodrun", "-np", "4", "-H", "h1:2,h2:2", "-p", str(SSH_PORT), "--gloo",
-                        "hvdtrain", "recipe", "image-classification", "--framework", framework,
-                        "--epochs", "2", "--output", f"/shared/runs/{name}", *TRAIN, timeout=600)
-    assert WORKERS_LINE in proc.stdout, proc.stdout[-3000:]  # every rank reported its host name
-    assert_trained_once(cluster, name, proc.stdout)
-
-
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_horovodrun_mpi_across_hosts_parameters_identical(cluster, framework):
     name = f"mpi-{framework}"
@@ -149,7 +143,7 @@ def test_python_api_across_hosts(cluster):
     code = ("import json, hvdtrain\n"
             "r = hvdtrain.run('image-classification', framework='tensorflow', np=4, hosts='h1:2,h2:2', ssh_port=2222,\n"
             f"    output='/shared/runs/api', data__path='{DATA}', train__epochs=2, train__batch_size=32,\n"
-            "    data__max_train_samples=1024, data__max_val_samples=256, train__log_every=0)\n"
+            "    data__max_train_samples=256, data__max_val_samples=64, train__log_every=0)\n"
             "print('RESULT', json.dumps({'epochs': [h['epoch'] for h in r.history], 'checkpoint': str(r.checkpoint)}))\n")
     proc = cluster.exec("h1", "python", "-c", code, timeout=600)
     result = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
@@ -255,7 +249,6 @@ def test_mismatched_and_unreachable_hosts_are_named(cluster):
 
     cluster.run("pause", cluster.container("h3"))  # TCP still connects, sshd never answers
     try:
-        started = time.monotonic()
         code = ("import hvdtrain\n"
                 "from hvdtrain.tools.hosts import HostError\n"
                 "try:\n"
@@ -263,10 +256,10 @@ def test_mismatched_and_unreachable_hosts_are_named(cluster):
                 "                 output='/shared/runs/unreachable', train__epochs=1)\n"
                 "except HostError as e:\n"
                 "    print('HOSTERROR', e)\n")
+        # a hang (horovodrun waiting on h3) fails on the call's timeout; HostError (hvdtrain's own
+        # check, before horovodrun) is the witness, not the wall-clock time
         proc = cluster.exec("h1", "python", "-c", code, timeout=120)
-        elapsed = time.monotonic() - started
         assert "HOSTERROR cannot reach host(s) h3 over SSH on port 2222" in proc.stdout, proc.stdout + proc.stderr
-        assert elapsed < 60, elapsed
         assert not (cluster.shared() / "runs" / "unreachable").exists()
     finally:
         cluster.run("unpause", cluster.container("h3"), check=False)

@@ -1,9 +1,9 @@
 """A real Slurm cluster of containers for tests/slurm: controller ``ctl``, compute nodes ``n1``, ``n2``.
 
-:class:`SlurmCluster` builds on tests/cluster's :class:`~cluster.dockerhosts.Cluster` (its tree copy,
-key pair, ``docker exec``, shared-volume and clean-up helpers): it builds the CPU image as that
-module does (under a tag of its own), then ``hvdtrain:slurm`` from docker/Dockerfile.slurm on it (Debian's
-slurmctld/slurmd/munge; a BuildKit cache keeps the packages, so a rebuild takes seconds), makes
+:class:`SlurmCluster` builds on tests/cluster's :class:`~cluster.dockerhosts.Cluster` (its key pair,
+``docker exec``, shared-volume and clean-up helpers): the CPU image and ``hvdtrain:slurm`` from
+docker/Dockerfile.slurm on it (Debian's slurmctld/slurmd/munge; a BuildKit cache keeps the packages,
+so a rebuild takes seconds) are built once for both Docker modules (tests/cluster/images.py), makes
 one MUNGE key for the cluster, and starts the three containers on a network of their own with the
 shared volume at ``/shared`` on every one (writable everywhere: a batch script and rank 0 may run
 on either node). The nodes also run sshd with the README's key pair, for ``horovodrun -H`` inside
@@ -21,10 +21,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from cluster.dockerhosts import REPO, Cluster, copy_tree, in_parallel, make_key_pair
+from cluster.dockerhosts import Cluster, in_parallel
 
-SLURM_IMAGE = os.environ.get("HVDTRAIN_SLURM_IMAGE", "hvdtrain:slurm")
-BASE_IMAGE = "hvdtrain:slurm-base"  # the CPU image, built from this tree for this module
+from cluster.images import SLURM_IMAGE  # noqa: E402
 SLURM_PREFIX = "hvdtrain-slurm"
 NODES = ("n1", "n2")
 CONTROLLER = "ctl"
@@ -44,26 +43,15 @@ class SlurmCluster(Cluster):
 
     # -- set-up -------------------------------------------------------------------------------
     def build(self) -> None:
-        """The CPU image under a tag of its own (``hvdtrain:slurm-base``: scripts/docker-build.sh
-        run as tests/cluster runs it, from a copy of this tree with the README's key pair, so its
-        layers are shared; a tests/cluster module building ``hvdtrain:cpu`` from another tree at the
-        same time cannot change what this one is built on), then ``hvdtrain:slurm`` on it."""
+        """The CPU image and ``hvdtrain:slurm`` on it, built from this tree once for both Docker
+        modules (tests/cluster/images.py, under its lock: a module building from another tree at
+        the same time waits instead of changing the image this one is built on)."""
+        from cluster import images
+
         started = time.monotonic()
-        proc = subprocess.run(["bash", "scripts/docker-daemon.sh"], cwd=REPO, capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        self.docker = proc.stdout.strip()
-        copy_tree(REPO, self.context)
-        make_key_pair(self.keys)
-        for name, command in (("base", ["bash", "scripts/docker-build.sh", BASE_IMAGE]),
-                              ("slurm", [self.docker, "build", "-f", "docker/Dockerfile.slurm", "--build-arg",
-                                         f"BASE_IMAGE={BASE_IMAGE}", "-t", SLURM_IMAGE, "--progress=plain", "."])):
-            log = self.tmp / f"docker-build-{name}.log"
-            with open(log, "w") as out:
-                proc = subprocess.run(command, cwd=self.context, stdout=out, stderr=subprocess.STDOUT,
-                                      env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=2400)
-            assert proc.returncode == 0, f"{name} image build failed:\n" + log.read_text()[-6000:]
-            self.timings[f"build_{name}"] = time.monotonic() - started
+        self.docker, spent = images.ensure(("cpu", "slurm"))
+        self.context, self.keys = images.CONTEXT, images.KEYS
+        self.timings.update(build=time.monotonic() - started, **{f"build_{k}": v for k, v in spent.items()})
 
     def start(self, nodes: tuple[str, ...] = NODES, mounts: dict[str, Path] | None = None) -> None:
         """Network, shared volume, MUNGE key, ``ctl`` and the nodes (``mounts``: container path ->

@@ -167,7 +167,8 @@ def cluster():
     from recipes.image_classification.data import embedded_mnist
 
     # not under pytest's basetemp: a pytest run beside this one prunes old basetemp folders, and
-    # this one holds the build context and the MUNGE key the containers mount
+    # this one holds the MUNGE key the containers mount (the images and their build context are
+    # tests/cluster/images.py's, shared with tests/cluster)
     tmp = Path(tempfile.mkdtemp(prefix="hvdtrain-slurm-"))
     slurm = SlurmCluster(tmp)
     try:
