@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from hvdtrain.core.config import ConfigError
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.provenance import user_set
 
@@ -79,6 +80,19 @@ def validation_refusal(config: Any) -> str | None:
         return (f"checkpoint.best_metric={best}: the task has no validation data (TrainTask.val_data=None); set "
                 f"checkpoint.best_metric=train_loss (checkpoint.best_mode=min) or give validation data")
     return None
+
+
+def without_validation(config: Any, manager: Any, gate: Any) -> None:
+    """A run whose task has no validation data: refuse what needs it (:func:`validation_refusal`, a
+    :class:`~hvdtrain.core.config.ConfigError`), and rank the best checkpoint by ``train_loss``
+    when ``checkpoint.best_metric`` is its default (a validation metric), saying so on rank 0."""
+    problem = validation_refusal(config)
+    if problem:
+        raise ConfigError(problem)
+    if (manager.best_metric or "").startswith("val_"):
+        manager.best_metric, manager.best_mode = "train_loss", "min"
+        gate.print("hvdtrain: no validation data (TrainTask.val_data=None): the best checkpoint kept is the one "
+                   "with the lowest train_loss")
 
 
 def config_refusal(config: Any) -> str | None:

@@ -36,7 +36,7 @@ from hvdtrain.core import dataset_check, early_stop, elastic, optimizer_policy, 
 from hvdtrain.core.adapter import FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager
-from hvdtrain.core.config import ConfigError, RunConfig
+from hvdtrain.core.config import RunConfig
 from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.evaluation import evaluate
@@ -114,13 +114,7 @@ class Trainer:
         if task.val_data is not None and len(task.val_data) == 0:
             raise TrainingError("the validation set is empty (TrainTask.val_data=None trains without validation)")
         if task.val_data is None:  # a run without validation: early stopping and the best checkpoint on train_loss
-            problem = early_stop.validation_refusal(cfg)
-            if problem:
-                raise ConfigError(problem)
-            if (self.manager.best_metric or "").startswith("val_"):  # checkpoint.best_metric's default
-                self.manager.best_metric, self.manager.best_mode = "train_loss", "min"
-                gate.print("hvdtrain: no validation data (TrainTask.val_data=None): the best checkpoint kept is "
-                           "the one with the lowest train_loss")
+            early_stop.without_validation(cfg, self.manager, gate)
         # whose LR runs: hvdtrain's schedule, or the task's own optimizer and scheduler (optimizer_policy)
         has_scheduler = getattr(task, "scheduler", None) is not None
         self.lr_policy, notes = optimizer_policy.decide(cfg, adapter.describe_optimizer(task), has_scheduler)
