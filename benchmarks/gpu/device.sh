@@ -110,7 +110,7 @@ job() {  # job NAME OUTPUT [--set ...]: the recipe through horovodrun -np 1 (dev
 }
 compare() {  # compare NAME A B [exact|TOL]: final weights of two runs (waits for A's, made by another chain)
   local waited=0
-  until compgen -G "$2/checkpoints/epoch-*" >/dev/null || (( waited > 300 )); do sleep 2; waited=$((waited + 2)); done
+  until compgen -G "$2/checkpoints/epoch-*" >/dev/null || (( waited > 90 )); do sleep 2; waited=$((waited + 2)); done
   run "$1" 60 "$python" benchmarks/gpu/compare.py "$2" "$3" "${4:-exact}"
 }
 killed_then_resumed() {  # NAME [--set ...]: straight run, a run killed at step $KILL (after a checkpoint), its resume
@@ -122,7 +122,7 @@ killed_then_resumed() {  # NAME [--set ...]: straight run, a run killed at step 
   compare "${name}_bitwise" "$work/$name-a" "$work/$name-b" exact
 }
 base="$work/resume_fp32-a"
-if want checks; then
+if want checks || want checks_core; then
   [[ -f "$tree/.done" ]] || { "$python" -c "import photo_tree; photo_tree.make_tree('$tree', ${TREE[0]}, ${TREE[1]}, ${TREE[2]})" \
     && touch "$tree/.done"; }
   killed_then_resumed resume_fp32 &
@@ -133,8 +133,8 @@ if want checks; then
      compare "shard_${mode}_vs_dp" "$base" "$work/shard-$mode" 1e-4
    done) &
   killed_then_resumed compress_powersgd --set comm.compression=powersgd &
-  (for kind in topk fp16; do killed_then_resumed "compress_$kind" --set comm.compression=$kind; done) &
-  (rm -rf "$work/compiled"; job compiled_default "$work/compiled" --set train.compile=default
+  want checks && (for kind in topk fp16; do killed_then_resumed "compress_$kind" --set comm.compression=$kind; done) &
+  want checks && (rm -rf "$work/compiled"; job compiled_default "$work/compiled" --set train.compile=default
    compare compiled_vs_eager "$base" "$work/compiled" 1e-3
    rm -rf "$work/ro"; job compiled_reduce_overhead "$work/ro" --set train.compile=reduce-overhead
    compare reduce_overhead_vs_eager "$base" "$work/ro" 1e-3

@@ -103,7 +103,7 @@ def plain_loop(args, config, device, x, y, horovod: bool) -> Callable[[], None]:
 
     model = build_model(args.model, args.size, args.classes, args.seq).to(device)
     convolutional = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-    if device.type == "cuda" and convolutional:
+    if device.type == "cuda" and convolutional and not horovod:  # Horovod takes default-layout tensors only
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(model.parameters(), config.optim)
     if horovod:

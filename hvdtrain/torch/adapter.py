@@ -93,10 +93,13 @@ class TorchAdapter(FrameworkAdapter):
         train_config, optim_config = config.train, config.optim
         self.task = task
         self.model = task.model.to(self.device)
+        # Convolutions on a GPU get channels-last inputs, so cuDNN runs its NHWC kernels (what Tensor
+        # Cores want) and the activations stay NHWC. The parameters keep the default layout: Horovod
+        # broadcasts and allreduces only tensors that are contiguous in it (a channels-last weight or
+        # gradient fails with "Tensor is required to be contiguous", seen on an H200), and a conv with
+        # an NHWC input takes its weight in either layout.
         self.channels_last = self.device.type == "cuda" and any(
             isinstance(m, torch.nn.Conv2d) for m in self.model.modules())
-        if self.channels_last:
-            self.model = self.model.to(memory_format=torch.channels_last)
         self._scaler_skips = torch.zeros((), dtype=torch.int64, device=self.device)
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
@@ -293,7 +296,8 @@ class TorchAdapter(FrameworkAdapter):
         tensor = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
         if self.device.type != "cuda":
             return tensor
-        tensor = tensor.pin_memory().to(self.device, non_blocking=True)  # page-locked: a truly async copy
+        if tensor.device.type == "cpu":  # batches already on the GPU (`hvdtrain bench`'s) stay where they are
+            tensor = tensor.pin_memory().to(self.device, non_blocking=True)  # page-locked: a truly async copy
         if self.channels_last and tensor.dim() == 4 and tensor.is_floating_point():
             tensor = tensor.contiguous(memory_format=torch.channels_last)
         return tensor
