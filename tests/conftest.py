@@ -214,8 +214,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.section("module seconds (set-up + call + tear-down; expected: tests/module_seconds.json)")
     flagged = []
     for name, seconds in sorted(_MODULE_SECONDS_RUN.items(), key=lambda kv: -kv[1]):
-        if seconds < 1.0:
-            continue
         expected = expected_seconds(Path(name)) if not name.startswith("/") else 0
         ratio = f"x{seconds / expected:.2f}" if expected else "new"
         mark = "  << DOUBLED" if expected >= 5 and seconds >= DOUBLED * expected else ""

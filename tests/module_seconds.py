@@ -40,9 +40,9 @@ def main(log: str) -> None:
                 seconds[found.group(2)] = float(found.group(1))
     if not seconds:
         sys.exit(f"{log}: no --durations lines and no module summary (run pytest with --durations=0)")
-    about = json.loads(FILE.read_text()).get("_about", "")
+    kept = {k: v for k, v in json.loads(FILE.read_text()).items() if k.startswith("_")}  # _about, _docker_images
     table = {name: round(s, 1) for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])}
-    FILE.write_text(json.dumps({"_about": about, **table}, indent=1) + "\n")
+    FILE.write_text(json.dumps({**kept, **table}, indent=1) + "\n")
     print(f"{FILE}: {len(table)} modules, {sum(table.values()):.0f} s")
 
 
