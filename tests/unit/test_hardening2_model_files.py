@@ -275,3 +275,19 @@ def test_a_class_index_beyond_any_class_count_is_refused(tmp_path):
                 tar.addfile(info, io.BytesIO(data))
     with pytest.raises(DataError, match=r"sample 'b' has the class index 2000000; without a class list"):
         load_shard_index([shard], "webdataset", cache=tmp_path / "cache")
+
+
+def test_both_frameworks_refuse_the_folder_when_it_is_resolved(tiny_vit, tmp_path):
+    """The TensorFlow side (keras-hub) would not run the code, but the folder is refused the same
+    way for both frameworks, when ``--model`` is resolved (before the data is read)."""
+    from recipes.bert_finetune.pretrained import resolve_model_dir
+    from recipes.image_classification import hf_models
+    from recipes.model_files import ModelFileError
+
+    folder = copy_of(tiny_vit, tmp_path / "evil-model")
+    marker = with_remote_code(folder)
+    (folder / "tokenizer.json").write_text("{}")
+    for resolve in (hf_models.resolve, resolve_model_dir):
+        with pytest.raises(ModelFileError, match="asks to run its own code"):
+            resolve(str(folder))
+    assert not marker.exists()
