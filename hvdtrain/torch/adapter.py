@@ -140,11 +140,13 @@ class TorchAdapter(FrameworkAdapter):
             self.exchange = build_exchange(plan, self.model, self.optimizer)
             self.overlap = False  # gradients accumulate locally and are exchanged once per update
         # the task's own LR scheduler (hvdtrain.core.optimizer_policy), stepped once per update; it drives
-        # the optimizer that runs (hvd.DistributedOptimizer is a copy sharing the groups until a load
-        # replaces them), or the sharded optimizer's recipe optimizer, whose groups set the shards'
+        # the groups in force: the optimizer that runs (hvd.DistributedOptimizer is a copy sharing the
+        # groups until a load replaces them), ZeRO-2's shard optimizer, ZeRO-1's recipe optimizer
         self.scheduler = task.scheduler if self.task_lr else None
         if self.scheduler is not None and isinstance(self.optimizer, torch.optim.Optimizer):
             self.scheduler.optimizer = self.optimizer
+        elif self.scheduler is not None and isinstance(self.optimizer, ShardedOptimizer) and self.optimizer.gradients:
+            self.scheduler.optimizer = self.optimizer.inner
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -175,13 +177,8 @@ class TorchAdapter(FrameworkAdapter):
                               bool(getattr(optimizer, FROM_CONFIG, False)),
                               _qualname(scheduler) if scheduler is not None else None)
 
-    def _lr_owner(self) -> Any:
-        """The optimizer whose groups hold the LR of the next update (the sharded optimizer's recipe
-        optimizer: its hyperparameters are copied to the shards at each step)."""
-        return self.optimizer.optimizer if isinstance(self.optimizer, ShardedOptimizer) else self.optimizer
-
     def learning_rate(self) -> float:
-        return float(self._lr_owner().param_groups[0]["lr"])
+        return float(self.optimizer.param_groups[0]["lr"])  # the groups in force (ZeRO's: see ShardedOptimizer)
 
     def step_scheduler(self) -> None:
         if self.scheduler is not None:
@@ -189,7 +186,8 @@ class TorchAdapter(FrameworkAdapter):
 
     def _agree_hyperparameters(self, root_rank: int) -> None:
         """Every rank takes the root's parameter-group hyperparameters (a resumed LR included)."""
-        groups = self._lr_owner().param_groups
+        # the sharded optimizer: its recipe optimizer's (what rank 0 loaded; broadcast() copies them to the shards)
+        groups = (self.optimizer.optimizer if isinstance(self.optimizer, ShardedOptimizer) else self.optimizer).param_groups
         root = self.broadcast_object([{k: v for k, v in g.items() if k != "params"} for g in groups],
                                      root_rank)  # distributed
         for group, values in zip(groups, root):

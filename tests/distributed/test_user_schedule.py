@@ -5,7 +5,8 @@ tests/distributed/workers/user_schedule.py).
 * torch: AdamW(lr=1e-3) + OneCycleLR: every real update uses exactly the LR of the same schedule
   stepped by hand (an optimizer step pre-hook reads it), the start-up state-creating step fires no
   hook, the logged LR is the used one, and the resumed run continues the schedule and ends with the
-  uninterrupted run's weights, bit for bit.
+  uninterrupted run's weights, bit for bit; with ZeRO-2 (parallel.shard_optimizer=gradients) the same
+  schedule reaches the shard optimizer (the same weights as data parallelism, to rounding).
 * Keras: AdamW built with a CosineDecay (uninterrupted) and a plain AdamW with the CosineDecay as
   ``TrainTask.scheduler`` (killed and resumed) are the same run: the LR of every update is the
   schedule's at that update, the optimizer counted one iteration per update, same final weights.
@@ -48,6 +49,10 @@ def test_torch_onecycle_runs_as_stepped_by_hand_across_a_resume(tmp_path):
     assert r["resumed"]["updates"] == r["reference"]["updates"] == UPDATES  # AdamW's own step count
     same_weights(r["resumed"]["weights"], r["reference"]["weights"])
     assert r["metrics_lr"]["run"] == r["metrics_lr"]["reference"] == [hand[7], hand[15]]
+    # ZeRO-2: the shard optimizer takes the scheduler's LR (a constant LR would end far from these weights)
+    assert r["zero2"]["logged"] == hand
+    for zero2, plain in zip(r["zero2"]["weights"], r["reference"]["weights"]):
+        np.testing.assert_allclose(np.asarray(zero2), np.asarray(plain), rtol=1e-5, atol=1e-7)
     optim = r["optim"]
     assert optim["ran"] == "torch.optim.adamw.AdamW + torch.optim.lr_scheduler.OneCycleLR"
     assert optim["schedule"] == "task" and "name" not in optim

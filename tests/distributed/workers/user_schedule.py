@@ -7,7 +7,7 @@ The data as users have it: a map-style torch Dataset with dict items (torch), a 
 ``python user_schedule.py FRAMEWORK REPORT_JSON OUTPUT_DIR [KEY=VALUE ...]``, under ``horovodrun -np 2``. Three runs in
 this process: ``reference`` (two epochs), ``run`` stopped by an exception at optimizer step
 :data:`STOP` (as if killed, after the step-:data:`EVERY` checkpoints), then ``run`` again with
-``checkpoint.resume=true``. torch: AdamW(lr=1e-3) + OneCycleLR, with an optimizer step pre-hook
+``checkpoint.resume=true`` (torch: and ``zero2``, uninterrupted with ``parallel.shard_optimizer=gradients``). torch: AdamW(lr=1e-3) + OneCycleLR, with an optimizer step pre-hook
 that records the LR each real update uses (and shows the start-up step fires no hook). Keras:
 AdamW built with a CosineDecay for the reference, and a plain AdamW with the CosineDecay as
 ``TrainTask.scheduler`` for the interrupted and resumed runs (both ways must be the same run).
@@ -166,8 +166,11 @@ def main() -> None:
               "train.log_every=0", "train.tensorboard=false", "train.progress_bar=false",
               f"checkpoint.every_steps={EVERY}", "checkpoint.keep_last=100", *sys.argv[4:]]  # extra: KEY=VALUE
     rank = 0
-    for name, output, extra, stop in (("reference", "reference", [], None), ("stopped", "run", [], STOP),
-                                      ("resumed", "run", ["checkpoint.resume=true"], None)):
+    runs = [("reference", "reference", [], None), ("stopped", "run", [], STOP),
+            ("resumed", "run", ["checkpoint.resume=true"], None)]
+    if framework == "torch":  # ZeRO-2: the scheduler drives the shard optimizer's groups
+        runs.append(("zero2", "zero2", ["parallel.shard_optimizer=gradients"], None))
+    for name, output, extra, stop in runs:
         as_scheduler["flag"] = name != "reference"
         seen["used"] = []
         watch = Watch(stop)
