@@ -429,15 +429,17 @@ def assign_labels(scan: Scan, classes: list[str] | None, shards: list[Path]) -> 
     return list(classes), labels
 
 
-def check_conversion(shards: list[Path]) -> None:
+def check_conversion(shards: list[Path]) -> dict[str, tuple[int, Path]]:
     """Refuse local shards that ``hvdtrain convert`` has not finished, or that no longer match its
     ``manifest.json`` (beside the shards or in their parent folder, where :func:`manifest_classes`
     looks): a folder holding ``.hvdtrain-convert/`` (a conversion under way or killed: some shards
     missing, no manifest), and, for every split of the manifest that lists one of ``shards``,
     each of its shards missing or of another size than recorded (deleted, truncated, replaced).
     Before, such a split trained on what was left, silently. A DataError names the folder or shard
-    and the manifest. Costs one ``stat`` per listed shard."""
+    and the manifest. Costs one ``stat`` per listed shard. Returns, per given shard the manifest
+    lists, its recorded sample count and the manifest (checked when the index is built)."""
     given = {os.path.normpath(s) for s in shards}
+    recorded: dict[str, tuple[int, Path]] = {}
     for folder in dict.fromkeys(p for s in shards for p in (s.parent, s.parent.parent)):
         if (folder / CONVERT_WORK_DIR).is_dir():
             raise DataError(f"{folder} holds an unfinished hvdtrain convert ({CONVERT_WORK_DIR}/ and no finished "
@@ -457,8 +459,7 @@ def check_conversion(shards: list[Path]) -> None:
             if not isinstance(entries, list) or not all(
                     isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("bytes"), int)
                     for e in entries):
-                raise DataError(f"{manifest}: split {str(name)[:40]!r} does not list its shards as "
-                                f"{{name, bytes, ...}} entries; it is not hvdtrain convert's manifest")
+                continue  # not hvdtrain convert's split (a manifest of another tool): nothing to check
             paths = [os.path.normpath(folder / e["name"]) for e in entries]
             if not given.intersection(paths):
                 continue
@@ -472,6 +473,21 @@ def check_conversion(shards: list[Path]) -> None:
                 if size != entry["bytes"]:
                     raise DataError(f"shard {path} has {size:,} bytes, {manifest} records {entry['bytes']:,}: it "
                                     f"was changed or cut short since the conversion; restore it or convert again")
+                if path in given and isinstance(entry.get("samples"), int):
+                    recorded[path] = (entry["samples"], manifest)
+    return recorded
+
+
+def check_recorded_counts(scan: Scan, shards: list, recorded: dict[str, tuple[int, Path]]) -> None:
+    """Every scanned shard the conversion's manifest lists holds the samples it records."""
+    if not recorded or not scan.shard:
+        return
+    counts = np.bincount(np.concatenate(scan.shard), minlength=len(shards))
+    for i, shard in enumerate(shards):
+        samples, manifest = recorded.get(os.path.normpath(shard), (None, None))
+        if samples is not None and counts[i] != samples:
+            raise DataError(f"shard {shard} holds {counts[i]:,} samples, {manifest} records {samples:,}: the "
+                            f"shard and the manifest disagree; restore them or convert again")
 
 
 def _fingerprint(fmt: str, shards: list, options: list) -> str:
@@ -511,7 +527,7 @@ def _scannable(shard, download: tuple[Future, str] | None):
 
 
 def _build(fmt: str, shards: list, root, classes: list[str] | None, image_column: str | None,
-           label_column: str | None) -> tuple[dict, dict]:
+           label_column: str | None, recorded: dict[str, tuple[int, Path]] | None = None) -> tuple[dict, dict]:
     scan = Scan()
     copied = [remote.is_url(s) and fmt != "parquet" for s in shards]  # remote Parquet: footers read in place
     downloads: dict[int, tuple[Future, str]] = {}
@@ -533,6 +549,7 @@ def _build(fmt: str, shards: list, root, classes: list[str] | None, image_column
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+    check_recorded_counts(scan, shards, recorded or {})
     if not scan.keys:
         raise DataError(f"the {fmt} shards {shards[0]} ... hold no samples")
     declared = manifest_classes(shards) if fmt == "webdataset" else scan.names
@@ -563,6 +580,7 @@ def load_shard_index(shards: list[str | Path], fmt: str, *, classes: list[str] |
         raise DataError(f"unknown shard format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if not shards:
         raise DataError(f"no {fmt} shards given")
+    recorded: dict[str, tuple[int, Path]] = {}
     if any(remote.is_url(s) for s in shards):
         shards = [str(s) for s in shards]
         root = remote.common_root(shards)
@@ -571,7 +589,7 @@ def load_shard_index(shards: list[str | Path], fmt: str, *, classes: list[str] |
         missing = [s for s in shards if not s.is_file()]
         if missing:
             raise DataError(f"shard {missing[0]} does not exist ({len(missing)} of {len(shards)} missing)")
-        check_conversion(shards)
+        recorded = check_conversion(shards)
         root = Path(os.path.commonpath([s.parent for s in shards]))
     options = [classes, image_column, label_column]
     key = _fingerprint(fmt, shards, options)
@@ -580,5 +598,6 @@ def load_shard_index(shards: list[str | Path], fmt: str, *, classes: list[str] |
     label = f"{fmt}-{stem}".encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     slot = slot_path(cache, identity, label)
     entry, meta, arrays, built = load_entry(slot, key, ARRAYS,
-                                            lambda: _build(fmt, shards, root, classes, image_column, label_column))
+                                            lambda: _build(fmt, shards, root, classes, image_column, label_column,
+                                                           recorded))
     return index_of(root, entry, meta, arrays, built)

@@ -88,6 +88,16 @@ def test_shards_that_no_longer_match_the_manifest_are_refused(tmp_path, damage):
     assert len(index(dest, "train", tmp_path).labels) == 16  # the untouched split still reads
 
 
+def test_a_shard_holding_other_samples_than_the_manifest_records_is_refused(tmp_path):
+    dest = converted(tmp_path)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    entry = manifest["splits"]["val"]["shards"][0]
+    entry["samples"] += 1  # the manifest and the shard disagree (one was replaced or edited)
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=rf"shard {dest / entry['name']} holds 4 samples, .*manifest.json records 5"):
+        index(dest, "val", tmp_path)
+
+
 def test_a_chosen_subset_of_a_whole_conversion_still_reads(tmp_path):
     dest = converted(tmp_path)
     first = sorted((dest / "train").glob("*.tar"))[:1] or sorted(dest.glob("train*.tar"))[:1]
