@@ -65,7 +65,7 @@ else
 fi
 
 if want build; then
-  run build 120 bash -c "nvidia-smi; $python -c 'import torch, horovod.torch as h; h.init(); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\"); print(\"horovod\", h.__version__, \"nccl_built\", h.nccl_built(), \"gloo\", h.gloo_built(), \"size\", h.size())'; horovodrun --check-build"
+  run build 120 bash -c "nvidia-smi; $python -c 'import torch, horovod, horovod.torch as h; h.init(); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\"); print(\"horovod\", horovod.__version__, \"nccl_built\", h.nccl_built(), \"gloo\", h.gloo_built(), \"size\", h.size())'; horovodrun --check-build"
 fi
 
 # --- issue 44: speed, each measurement alone on the GPU ------------------------------------------
