@@ -65,6 +65,7 @@ def tree_digest(repo: Path = REPO) -> str:
 
 
 def image_id(docker: str, tag: str) -> str | None:
+    """The id of image ``tag``, or None when there is none."""
     proc = subprocess.run([docker, "image", "inspect", "-f", "{{.Id}}", tag], capture_output=True, text=True,
                           timeout=60)
     return proc.stdout.strip() if proc.returncode == 0 else None
