@@ -52,6 +52,9 @@ from envguard import environ_changes, restore_environ
 # ``import hvdtrain`` sets TensorFlow's quiet-start defaults in os.environ (hvdtrain/tools/tf_logging.py):
 # done here, before any test's snapshot, so the test that happens to import it first is not blamed
 import hvdtrain  # noqa: E402,F401
+# ``import cv2`` (OpenCV, the image loader's resize) adds its lib64 folder to LD_LIBRARY_PATH: also done
+# here, or the first test of a worker that imports it (a TensorBoard read, say) fails the environment check
+import cv2  # noqa: E402,F401
 
 TESTS = Path(__file__).resolve().parent
 JOB_FOLDERS = ("distributed", "reliability", "cluster", "slurm")  # every test launches real horovodrun jobs
