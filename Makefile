@@ -2,6 +2,7 @@
 #   make demo   set up (idempotent) and train the image recipe on 2 ranks, torch and TensorFlow, on MNIST
 #   make test   set up (idempotent) and run the whole test suite in two pytest workers (TEST_WORKERS=0: in one process)
 #   make test-fast   set up (idempotent) and run the fast lane: unit tests and the in-process Trainer tests (under 3 minutes)
+#   make docs   build the documentation site into docs/_build/html (Sphinx, warnings as errors)
 #   make docker-cpu   build the CPU image hvdtrain:cpu (scripts/docker-build.sh; README: Docker images)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +15,7 @@ PYTEST_ARGS ?=
 # make test runs its modules in this many pytest-xdist workers, a module whole in one, longest first (tests/conftest.py)
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo demo-torch demo-tensorflow test test-unit test-fast bench clean docker-cpu docker-gpu test-cluster gpu-wheel
+.PHONY: setup demo demo-torch demo-tensorflow test test-unit test-fast docs bench clean docker-cpu docker-gpu test-cluster gpu-wheel
 
 setup:
 	bash scripts/install.sh
@@ -57,3 +58,9 @@ test-cluster: setup
 # CPU machine into .gpu/ with the wheels that machine lacks (README: GPUs; benchmarks/gpu/device.sh runs there)
 gpu-wheel:
 	bash scripts/gpu-wheel.sh .gpu
+
+# the documentation site (Sphinx, the docs extra) into docs/_build/html; the generated reference pages
+# (docs/generate.py: config keys, the rulebook's table) are rewritten first; warnings are errors
+docs: setup
+	$(PY) docs/generate.py
+	$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html

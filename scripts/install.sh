@@ -138,10 +138,10 @@ if "_hvdtrain_probe_uncached" not in text:
     path.write_text(text.rstrip("\n") + "\n\n\n" + patch)
 PY
 
-say "installing hvdtrain (editable) with its test extras"
-extras="all,test,trackers"
+say "installing hvdtrain (editable) with its test and docs extras"
+extras="all,test,trackers,docs"
 if [[ -n "${HVDTRAIN_TORCH_SPEC:-}${HVDTRAIN_TF_SPEC:-}" ]]; then
-  extras="data,report,text,test,trackers"  # the frameworks came from the overriding specs above (the [all] pins are CPU builds)
+  extras="data,report,text,test,trackers,docs"  # the frameworks came from the overriding specs above (the [all] pins are CPU builds)
 fi
 "${pip[@]}" install -q --no-build-isolation -e "$repo[$extras]"
 # bert-finetune's pretrained MiniLM, movie-review sentences and TF BERT; their declared dependencies
