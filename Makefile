@@ -3,7 +3,7 @@
 #   make test   set up (idempotent) and run the whole test suite in two pytest workers (TEST_WORKERS=0: in one process)
 #   make test-fast   set up (idempotent) and run the fast lane: unit tests and the in-process Trainer tests (under 3 minutes)
 #   make docs   build the documentation site into docs/_build/html (Sphinx, warnings as errors)
-#   make docker-cpu   build the CPU image hvdtrain:cpu (scripts/docker-build.sh; README: Docker images)
+#   make docker-cpu   build the CPU image hvdtrain:cpu (scripts/docker-build.sh; docs/guides/docker.md)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -55,7 +55,7 @@ test-cluster: setup
 	$(PY) -m pytest tests/cluster -ra $(PYTEST_ARGS)
 
 # Horovod with NCCL for a lent GPU machine's stack (Python 3.12, torch 2.11.0+cu130, sm_90), built on this
-# CPU machine into .gpu/ with the wheels that machine lacks (README: GPUs; benchmarks/gpu/device.sh runs there)
+# CPU machine into .gpu/ with the wheels that machine lacks (docs/guides/gpus.md; benchmarks/gpu/device.sh runs there)
 gpu-wheel:
 	bash scripts/gpu-wheel.sh .gpu
 

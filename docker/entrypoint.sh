@@ -4,7 +4,7 @@
 #   docker run hvdtrain:cpu recipe image-classification ...   -> hvdtrain recipe image-classification ...
 #   docker run hvdtrain:cpu horovodrun -np 2 -H localhost:2 hvdtrain recipe ...
 #   docker run hvdtrain:cpu worker                              -> sshd in the foreground (a node of a
-#                                                                  multi-node job; README: "Docker images")
+#                                                                  multi-node job; docs/guides/docker.md)
 #
 # SSH for multi-node jobs: mount a key pair (id_ed25519 and id_ed25519.pub; id_ecdsa or id_rsa
 # also work) at $HVDTRAIN_SSH_KEYS (default /etc/hvdtrain/ssh) on every node. It becomes the user's

@@ -52,6 +52,12 @@ def _cell(text: typing.Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _md(text: str) -> str:
+    """A docstring's reST inline markup as Markdown: ``:func:`~a.b``` and ````x```` become ```x```."""
+    text = re.sub(r":\w+:`~?([^`]+)`", lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", text)
+    return text.replace("``", "`")
+
+
 def _default(f: dataclasses.Field) -> typing.Any:
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -63,7 +69,7 @@ def _default(f: dataclasses.Field) -> typing.Any:
 def _section_table(name: str, cls: type) -> list[str]:
     hints = typing.get_type_hints(cls)
     doc = inspect.getdoc(cls) or ""
-    lines = [f"### `{name}`", "", doc.split("\n\n")[0].replace("\n", " "), "",
+    lines = [f"### `{name}`", "", _md(doc.split("\n\n")[0].replace("\n", " ")), "",
              "| key | type | default | allowed | help |", "|---|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         meta = f.metadata
@@ -176,7 +182,7 @@ def combinations_page() -> str:
         for rule in group:
             keys = _rule_keys(rule, rules, known)
             doc = (inspect.getdoc(rule) or "").split("\n\n")[0].replace("\n", " ")
-            out.append(f"| `{rule.__name__}` | {when} | {', '.join(f'`{k}`' for k in keys)} | {_cell(doc)} |")
+            out.append(f"| `{rule.__name__}` | {when} | {', '.join(f'`{k}`' for k in keys)} | {_cell(_md(doc))} |")
     return "\n".join(out) + "\n"
 
 

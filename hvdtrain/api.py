@@ -21,7 +21,7 @@ authenticated with a random per-job key (HMAC); results and failure reports are 
 through Horovod's function mode (``horovod.runner.run(func)``), whose unauthenticated key-value
 store on every interface would let any host that reaches it run code here or on the workers.
 Horovod's Gloo rendezvous server (all interfaces, unauthenticated, no code) stays exposed while
-the job runs: README, "Python API and notebooks".
+the job runs: docs/guides/notebooks.md.
 """
 
 from __future__ import annotations

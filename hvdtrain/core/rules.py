@@ -12,7 +12,7 @@ The rules that read only the config run where the config is resolved (before any
 in :class:`~hvdtrain.core.loop.Trainer` before training; the rules that need the job run there too,
 right after Horovod is initialised (``world`` given), on every rank alike, before any model is built.
 
-The README's table "What combines with what" is this module, read as a table.
+docs/concepts/combinations.md, "What combines with what", is this module read as a table (docs/generate.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ OpenCV's bit-exact bilinear ``resize`` (``INTER_LINEAR_EXACT``, fixed-point, the
 every CPU) resamples the crop box to the output size. That last step is not antialiased: after
 DCT scaling it shrinks by less than 2x. Measured on real photos (benchmarks/decoders.py), this is
 about 2x Pillow's images per CPU-second and above ``tf.data``'s ``decode_and_crop_jpeg``; why
-this decoder: "The image pipeline" in README.md.
+this decoder: "The image pipeline" in docs/guides/data.md.
 
 Other formats, and CMYK/YCCK JPEGs, go through Pillow as before: for a JPEG, ``Image.draft`` gives
 the same DCT scaling; ``resize`` with the crop ``box`` resamples only that region (antialiased bilinear).

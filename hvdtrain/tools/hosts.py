@@ -141,7 +141,7 @@ def run_on_hosts(hosts: list[str], command: str, port: int | None = None, identi
         names = ", ".join(unreachable)
         raise HostError(f"cannot reach host(s) {names} over SSH{port_text} ({details}). Every host of the job "
                         f"must accept `ssh{' -p ' + str(port) if port else ''} HOST` from here without a password "
-                        f"(README: Several machines)")
+                        f"(docs/guides/docker.md: Several machines)")
     return results
 
 
