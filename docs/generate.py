@@ -134,7 +134,7 @@ def config_page() -> str:
 
 def _rule_keys(rule: typing.Callable, module: typing.Any, known: set[str]) -> list[str]:
     """The config keys a rule reads or names: every ``section.key`` of the schema in its source and
-    in the sources of the module's helpers it calls (``comm = config.comm; comm.reduction`` too)."""
+    in the sources of the hvdtrain helpers it calls (``comm = config.comm; comm.reduction`` too)."""
     sources, seen, todo = [], set(), [rule]
     while todo:
         fn = todo.pop()
@@ -143,9 +143,11 @@ def _rule_keys(rule: typing.Callable, module: typing.Any, known: set[str]) -> li
         seen.add(fn)
         text = inspect.getsource(fn)
         sources.append(text)
-        for name in re.findall(r"\b(\w+)\(", text):
-            helper = getattr(module, name, None)
-            if inspect.isfunction(helper) and helper.__module__ == module.__name__:
+        for owner, name in re.findall(r"\b(?:(\w+)\.)?(\w+)\(", text):
+            # a helper of the rulebook's module, or of an hvdtrain module it imports (early_stop.config_refusal)
+            home = getattr(module, owner, None) if owner else module
+            helper = getattr(home, name, None) if inspect.ismodule(home) else None
+            if inspect.isfunction(helper) and helper.__module__.startswith("hvdtrain."):
                 todo.append(helper)
         for alias, section in re.findall(r"\b(\w+) = config\.(\w+)\b(?!\.)", text):
             sources.append(re.sub(rf"\b{alias}\.", f"{section}.", text))
