@@ -41,6 +41,7 @@ from typing import Any
 from hvdtrain import jobchannel
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.config import RunConfig, to_dict
+from hvdtrain.core.errors import type_name
 from hvdtrain.core.loop import RunResult, train
 from hvdtrain.core.plugins import resolve_recipe_name
 from hvdtrain.core.registry import RecipeSpec, get_recipe, register_spec
@@ -117,7 +118,7 @@ def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: 
     callbacks = list(callbacks)
     bad = [c for c in callbacks if not isinstance(c, Callback)]
     if bad:
-        raise TypeError(f"callbacks: {type(bad[0]).__module__}.{type(bad[0]).__qualname__} is not a "
+        raise TypeError(f"callbacks: {type_name(bad[0])} is not a "
                         f"hvdtrain.Callback (subclass it and override its hooks)")
     if np == 1:
         return train(config, callbacks)

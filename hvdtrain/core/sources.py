@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from hvdtrain.core.config import ConfigError
+from hvdtrain.core.errors import type_name
 
 ACCEPTED = ("an object with get_batch(indices, epoch) and len() (hvdtrain.ArrayDataset), a map-style "
             "torch.utils.data.Dataset (len() and integer indexing), or a Hugging Face datasets.Dataset")
@@ -37,9 +38,6 @@ TARGET_KEYS = ("label", "labels")
 class SourceError(ConfigError):
     """A task's data is not a kind the loop can read (one line naming what is accepted)."""
 
-
-def _kind(data: Any) -> str:
-    return f"{type(data).__module__}.{type(data).__qualname__}"
 
 
 def _refusal(data: Any, field: str) -> str | None:
@@ -53,13 +51,13 @@ def _refusal(data: Any, field: str) -> str | None:
                ": an iterable pipeline, not random access")
         return f"TrainTask.{field}: a tf.data.Dataset{why}; accepted: {ACCEPTED}"
     if "IterableDataset" in names:
-        return f"TrainTask.{field}: {_kind(data)} is an iterable dataset, not random access; accepted: {ACCEPTED}"
+        return f"TrainTask.{field}: {type_name(data)} is an iterable dataset, not random access; accepted: {ACCEPTED}"
     if "DataLoader" in names and hasattr(data, "dataset"):
-        return (f"TrainTask.{field}: {_kind(data)} batches and shuffles itself; pass its dataset "
+        return (f"TrainTask.{field}: {type_name(data)} batches and shuffles itself; pass its dataset "
                 f"(loader.dataset): hvdtrain shards, orders and batches it. Accepted: {ACCEPTED}")
     if not hasattr(data, "__len__") or not (hasattr(data, "get_batch") or hasattr(data, "__getitem__")) \
             or isinstance(data, (str, bytes, Mapping)):
-        return f"TrainTask.{field}: {_kind(data)} is not a dataset; accepted: {ACCEPTED}"
+        return f"TrainTask.{field}: {type_name(data)} is not a dataset; accepted: {ACCEPTED}"
     return None
 
 

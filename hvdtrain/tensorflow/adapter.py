@@ -33,6 +33,7 @@ from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.compiled import FirstStepClock
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
+from hvdtrain.core.errors import type_name
 from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
@@ -178,25 +179,25 @@ class TensorFlowAdapter(FrameworkAdapter):
         optimizer, scheduler = task.optimizer, getattr(task, "scheduler", None)
         schedule_type = keras.optimizers.schedules.LearningRateSchedule
         if not isinstance(optimizer, keras.optimizers.Optimizer):
-            raise ConfigError(f"TrainTask.optimizer: {_qualname(optimizer)} is not a Keras optimizer")
+            raise ConfigError(f"TrainTask.optimizer: {type_name(optimizer)} is not a Keras optimizer")
         own = getattr(optimizer, "_learning_rate", None)
         own = own if isinstance(own, schedule_type) else None
         if scheduler is not None and not isinstance(scheduler, schedule_type):
-            raise ConfigError(f"TrainTask.scheduler: {_qualname(scheduler)} is not a "
+            raise ConfigError(f"TrainTask.scheduler: {type_name(scheduler)} is not a "
                               f"keras.optimizers.schedules.LearningRateSchedule (accepted: one, or an optimizer "
                               f"built with one)")
         if scheduler is not None and own is not None:
-            raise ConfigError(f"TrainTask.scheduler: the optimizer {_qualname(optimizer)} already has the schedule "
-                              f"{_qualname(own)}; give one of them")
+            raise ConfigError(f"TrainTask.scheduler: the optimizer {type_name(optimizer)} already has the schedule "
+                              f"{type_name(own)}; give one of them")
         schedule = scheduler if scheduler is not None else own
         if schedule is not None:
             lr = float(np.asarray(schedule(optimizer.iterations)))
             base = getattr(schedule, "initial_learning_rate", None)
         else:
             lr = base = float(np.asarray(optimizer.learning_rate))
-        return OptimizerFacts(_qualname(optimizer), lr, float(base) if base is not None else None,
+        return OptimizerFacts(type_name(optimizer), lr, float(base) if base is not None else None,
                               bool(getattr(optimizer, FROM_CONFIG, False)),
-                              _qualname(schedule) if schedule is not None else None)
+                              type_name(schedule) if schedule is not None else None)
 
     def learning_rate(self) -> float:
         if self.sharded is not None:
@@ -450,9 +451,6 @@ class TensorFlowAdapter(FrameworkAdapter):
         _load_variables(Path(directory) / MODEL_FILE, self.model.variables)
         _load_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
 
-
-def _qualname(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def _save_variables(path: Path, variables: list[Any]) -> None:
