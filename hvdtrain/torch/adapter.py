@@ -31,6 +31,7 @@ from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.compiled import FirstStepClock
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
+from hvdtrain.core.errors import type_name
 from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
@@ -162,20 +163,20 @@ class TorchAdapter(FrameworkAdapter):
         """The task's torch optimizer and LR scheduler (refused by name when they are not ones)."""
         optimizer, scheduler = task.optimizer, getattr(task, "scheduler", None)
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ConfigError(f"TrainTask.optimizer: {_qualname(optimizer)} is not a torch.optim.Optimizer")
+            raise ConfigError(f"TrainTask.optimizer: {type_name(optimizer)} is not a torch.optim.Optimizer")
         if scheduler is not None:
             if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) or \
                     isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                raise ConfigError(f"TrainTask.scheduler: {_qualname(scheduler)} is not a torch LRScheduler stepped "
+                raise ConfigError(f"TrainTask.scheduler: {type_name(scheduler)} is not a torch LRScheduler stepped "
                                   f"once per update (ReduceLROnPlateau needs a metric); accepted: any "
                                   f"torch.optim.lr_scheduler.LRScheduler other than ReduceLROnPlateau")
             if scheduler.optimizer is not optimizer:
                 raise ConfigError("TrainTask.scheduler: it drives another optimizer than TrainTask.optimizer")
         base = optimizer.defaults.get("lr")
-        return OptimizerFacts(_qualname(optimizer), float(optimizer.param_groups[0]["lr"]),
+        return OptimizerFacts(type_name(optimizer), float(optimizer.param_groups[0]["lr"]),
                               float(base) if isinstance(base, (int, float, torch.Tensor)) else None,
                               bool(getattr(optimizer, FROM_CONFIG, False)),
-                              _qualname(scheduler) if scheduler is not None else None)
+                              type_name(scheduler) if scheduler is not None else None)
 
     def learning_rate(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])  # the groups in force (ZeRO's: see ShardedOptimizer)
@@ -188,7 +189,7 @@ class TorchAdapter(FrameworkAdapter):
         """Every rank takes the root's parameter-group hyperparameters (a resumed LR included)."""
         # the sharded optimizer: its recipe optimizer's (what rank 0 loaded; broadcast() copies them to the shards)
         groups = (self.optimizer.optimizer if isinstance(self.optimizer, ShardedOptimizer) else self.optimizer).param_groups
-        root = self.broadcast_object([{k: v for k, v in g.items() if k != "params"} for g in groups],
+        root = self.broadcast_object(group_settings(groups),
                                      root_rank)  # distributed
         for group, values in zip(groups, root):
             group.update(values)
@@ -239,7 +240,7 @@ class TorchAdapter(FrameworkAdapter):
         # step created is dropped again afterwards: every optimizer starts as a fresh one would.
         # The step fires no step hook, and the groups' hyperparameters are put back after it.
         fresh = self.broadcast_object(len(self.optimizer.state) == 0, root_rank)  # distributed
-        kept = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        kept = group_settings(self.optimizer.param_groups)
         for group in self.optimizer.param_groups:
             group["lr"] = 0.0
         with _hooks_off(self.optimizer):
@@ -428,13 +429,15 @@ class TorchAdapter(FrameworkAdapter):
             path = Path(directory) / SCHEDULER_FILE
             if not path.is_file():
                 raise ValueError(f"{path} is missing: the checkpoint was written by a run without the task's LR "
-                                 f"scheduler {_qualname(self.scheduler)}; resume with the task that wrote it")
+                                 f"scheduler {type_name(self.scheduler)}; resume with the task that wrote it")
             self.scheduler.load_state_dict(load_weights_only(path, map_location="cpu"))
 
 
-def _qualname(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
+
+def group_settings(param_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each optimizer group's settings (LR, momentum, ...) without its parameter list."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
 
 @contextlib.contextmanager
 def _hooks_off(optimizer: torch.optim.Optimizer):

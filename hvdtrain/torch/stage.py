@@ -22,7 +22,7 @@ import torch
 from hvdtrain.core.collectives import broadcast_pickled
 from hvdtrain.core.gpipe import Cut, Placement
 from hvdtrain.core.rules import fp16_allreduce
-from hvdtrain.torch.adapter import MODEL_FILE, OPTIMIZER_FILE
+from hvdtrain.torch.adapter import MODEL_FILE, OPTIMIZER_FILE, group_settings
 from hvdtrain.torch.weights import load_weights_only
 
 TRANSFER_DTYPE = torch.float32
@@ -60,11 +60,6 @@ def _materialize(module: torch.nn.Module, device: torch.device) -> None:
             if param is not None and param.device.type == "meta":
                 sub._parameters[name] = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype,
                                                                        device=device), param.requires_grad)
-
-
-def _settings(param_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each optimizer group's settings (LR, momentum, ...) without its parameter list."""
-    return [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
 
 
 def _indexed(names: list[list[str]], settings: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -255,7 +250,7 @@ class TorchStage:
         """This stage's optimizer state keyed by parameter name, and the groups' settings."""
         sd = self.optimizer.state_dict()
         flat = [n for names in self.own_optimizer_names for n in names]
-        return {"optimizer": {flat[i]: st for i, st in sd["state"].items()}, "groups": _settings(sd["param_groups"])}
+        return {"optimizer": {flat[i]: st for i, st in sd["state"].items()}, "groups": group_settings(sd["param_groups"])}
 
     def _load_own_optimizer_state(self, state: dict[str, Any]) -> None:
         groups, index = _indexed(self.own_optimizer_names, state["groups"])
@@ -312,7 +307,7 @@ class TorchStage:
             raise ValueError(f"checkpoint {directory}: the optimizer has {len(optimizer['param_groups'])} parameter "
                              f"groups, this run {len(self.full_optimizer_names)}")
         return {"model": model, "optimizer": {flat[i]: st for i, st in optimizer["state"].items()},
-                "groups": _settings(optimizer["param_groups"])}
+                "groups": group_settings(optimizer["param_groups"])}
 
     def write_checkpoint(self, directory: Path, state: dict[str, Any]) -> None:
         """The whole model's ``state_dict`` and the un-cut optimizer's ``state_dict``."""
