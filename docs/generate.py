@@ -66,6 +66,15 @@ def _default(f: dataclasses.Field) -> typing.Any:
     return None
 
 
+def _core_fields() -> list[tuple[dataclasses.Field, typing.Any]]:
+    """The core config's fields with their types (its sections are dataclasses); the recipes' own
+    ``sections`` left out."""
+    from hvdtrain.core.config import RunConfig
+
+    hints = typing.get_type_hints(RunConfig)
+    return [(f, hints[f.name]) for f in dataclasses.fields(RunConfig) if f.name != "sections"]
+
+
 def _section_table(name: str, cls: type) -> list[str]:
     hints = typing.get_type_hints(cls)
     doc = inspect.getdoc(cls) or ""
@@ -90,7 +99,6 @@ def _flatten(data: dict, prefix: str = "") -> list[tuple[str, typing.Any]]:
 
 def config_page() -> str:
     """The config-key reference (Markdown)."""
-    from hvdtrain.core.config import RunConfig
     from hvdtrain.core.registry import list_recipes
 
     import recipes  # noqa: F401  (registers the shipped recipes)
@@ -102,15 +110,12 @@ def config_page() -> str:
            "`section__key=value` to `hvdtrain.run`. A recipe may change a default (listed under its name "
            "below) and may add sections of its own.", "", "## Core sections", "",
            "| key | type | default | allowed | help |", "|---|---|---|---|---|"]
-    hints = typing.get_type_hints(RunConfig)
     nested = []
-    for f in dataclasses.fields(RunConfig):
-        if f.name == "sections":
-            continue
-        if dataclasses.is_dataclass(hints[f.name]):
-            nested.append((f.name, hints[f.name]))
+    for f, hint in _core_fields():
+        if dataclasses.is_dataclass(hint):
+            nested.append((f.name, hint))
         else:
-            out.append(f"| `{f.name}` | `{_type_name(hints[f.name])}` | `{_cell(repr(_default(f)))}` | "
+            out.append(f"| `{f.name}` | `{_type_name(hint)}` | `{_cell(repr(_default(f)))}` | "
                        f"{_cell(_allowed(f.metadata))} | {_cell(f.metadata.get('help', ''))} |")
     out.append("")
     for name, cls in nested:
@@ -157,11 +162,8 @@ def _rule_keys(rule: typing.Callable, module: typing.Any, known: set[str]) -> li
 
 
 def _known_keys() -> set[str]:
-    from hvdtrain.core.config import RunConfig
-
-    hints = typing.get_type_hints(RunConfig)
-    return {f"{f.name}.{g.name}" for f in dataclasses.fields(RunConfig)
-            if dataclasses.is_dataclass(hints.get(f.name)) for g in dataclasses.fields(hints[f.name])}
+    return {f"{f.name}.{g.name}" for f, hint in _core_fields() if dataclasses.is_dataclass(hint)
+            for g in dataclasses.fields(hint)}
 
 
 def combinations_page() -> str:
