@@ -894,7 +894,8 @@ def describe_keys(config: RunConfig) -> list[tuple[str, Any, str]]:
     return rows
 
 
-def dump_yaml(config: RunConfig) -> str:
-    """The resolved config as YAML text (the real values: a writer passes it through
-    :func:`hvdtrain.core.redact.redact_values` first, as ``config.yaml``'s does)."""
-    return yaml.safe_dump(to_dict(config), sort_keys=False)
+def dump_yaml(config: RunConfig | dict[str, Any]) -> str:
+    """The resolved config (or its plain-dict form, such as the config as it ran) as YAML text (the
+    real values: a writer passes the dict through :func:`hvdtrain.core.redact.redact_values` first,
+    as ``config.yaml``'s does)."""
+    return yaml.safe_dump(config if isinstance(config, dict) else to_dict(config), sort_keys=False)

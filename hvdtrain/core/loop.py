@@ -36,9 +36,10 @@ from hvdtrain.core import dataset_check, early_stop, elastic, optimizer_policy, 
 from hvdtrain.core.adapter import FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager
-from hvdtrain.core.config import RunConfig
+from hvdtrain.core.config import RunConfig, dump_yaml
 from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.errors import TrainingError
+from hvdtrain.core.redact import redact_values
 from hvdtrain.core.evaluation import evaluate
 from hvdtrain.core.outputdir import CONFIG_FILE, OutputLock, discard_unfinished
 from hvdtrain.core.prefetch import prefetch
@@ -148,12 +149,9 @@ class Trainer:
         """Rank 0, once every rank has agreed on the start: ``config.yaml``, and its pid and host
         in the output's lock file (what a run refused by the lock names)."""
         if self.ctx.is_main:
-            import yaml
-
             ran = optimizer_policy.ran_config(self.config, getattr(self, "lr_policy", None))  # what ran
-            from hvdtrain.core.redact import redact_values  # secrets in URIs: never written
-
-            atomic_write_text(self.output / CONFIG_FILE, yaml.safe_dump(redact_values(ran), sort_keys=False))
+            # secrets in URIs: never written
+            atomic_write_text(self.output / CONFIG_FILE, dump_yaml(redact_values(ran)))
             self.lock.announce()
 
     def _reseed(self, position: Position) -> None:
