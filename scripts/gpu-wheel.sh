@@ -55,7 +55,7 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 if ! "$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then
   say "installing $torch_spec (its CUDA build and the NCCL wheel it pins: several GB from PyPI)"
-  "${pip[@]}" install "$torch_spec" "${BUILD_SPECS[@]}"
+  "${pip[@]}" install "$torch_spec"
 fi
 "${pip[@]}" install "${BUILD_SPECS[@]}"
 read -r torch_version torch_cuda nccl_version site < <("$venv/bin/python" - <<'PY'

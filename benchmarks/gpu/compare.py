@@ -31,8 +31,9 @@ def last_metrics(run: Path) -> dict:
 
 def main() -> None:
     a, b, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    wa = torch.load(final(a) / "model.pt", map_location="cpu", weights_only=True)
-    wb = torch.load(final(b) / "model.pt", map_location="cpu", weights_only=True)
+    fa, fb = final(a), final(b)
+    wa = torch.load(fa / "model.pt", map_location="cpu", weights_only=True)
+    wb = torch.load(fb / "model.pt", map_location="cpu", weights_only=True)
     assert wa.keys() == wb.keys(), "the two runs saved different tensors"
     worst, unequal = 0.0, 0
     for name in wa:
@@ -43,7 +44,7 @@ def main() -> None:
                 worst = max(worst, float((x.double() - y.double()).norm() / x.double().norm().clamp_min(1e-30)))
             else:
                 worst = float("inf")
-    print(f"{final(a)} vs {final(b)}: {len(wa)} tensors, {unequal} not bitwise equal, worst relative error {worst:.3g}")
+    print(f"{fa} vs {fb}: {len(wa)} tensors, {unequal} not bitwise equal, worst relative error {worst:.3g}")
     print("metrics A:", last_metrics(a))
     print("metrics B:", last_metrics(b))
     ok = unequal == 0 if mode == "exact" else worst <= float(mode)
