@@ -50,7 +50,13 @@ class FrameworkMissingError(ImportError):
 
 
 class NonFiniteGradientError(FloatingPointError):
-    """The allreduced gradient holds NaN or infinity (identical on every rank, so all ranks stop)."""
+    """The allreduced gradient holds NaN or infinity (identical on every rank, so all ranks stop).
+    ``updates_ago``: how many updates before the one that raised it the gradient was not finite (a
+    GPU reads its finite check once per log interval, not per update: :mod:`hvdtrain.torch.finite`)."""
+
+    def __init__(self, message: str, updates_ago: int = 0) -> None:
+        super().__init__(message)
+        self.updates_ago = updates_ago
 
 
 class NonFiniteStateError(FloatingPointError):

@@ -266,7 +266,7 @@ class Trainer:
                 loss = adapter.train_step(inputs, targets, apply_update=apply, weight=step["weight"])
             except NonFiniteGradientError as exc:
                 raise TrainingError(
-                    f"{exc} at epoch {epoch + 1}, batch {i + 1} (optimizer step {stats.global_step + 1}); stopped "
+                    f"{exc} at epoch {epoch + 1}, batch {i + 1} (optimizer step {stats.global_step + 1 - exc.updates_ago}); stopped "
                     f"without saving it. train.nonfinite=skip drops such updates instead") from None
             stats.global_step += int(apply)
             if apply and schedule is None:

@@ -6,8 +6,10 @@ On a GPU (following PyTorch's CUDA notes and performance-tuning guide): each pro
 ``cudnn.benchmark`` are on unless ``train.deterministic`` (which sets
 ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` as cuBLAS requires); batches are copied from pinned memory
 without blocking; 4-D image batches and models with convolutions use the channels-last layout.
-The loss and evaluation sums stay on the device until the loop reads them; one host
-synchronisation per optimizer update remains (the finite check that decides ``train.nonfinite``).
+The loss and evaluation sums stay on the device until the loop reads them; under
+``train.nonfinite=error`` the finite check is read once per log interval (:mod:`hvdtrain.torch.finite`),
+so a bf16 or fp32 step needs no host synchronisation (``train.nonfinite=skip`` decides per update, and
+fp16's ``GradScaler.step`` reads its overflow flag per update).
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.compiled import FirstStepClock
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
-from hvdtrain.core.errors import type_name
+from hvdtrain.core.errors import TrainingError, type_name
 from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
 from hvdtrain.core.launch import prepare_horovod_environment
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.torch import compiled
 from hvdtrain.torch.compression import Allreduce, build_exchange
+from hvdtrain.torch.finite import DeferredFiniteCheck
 from hvdtrain.torch.finetune import LR_FACTOR, BackboneControl, head_parameters
 from hvdtrain.torch.flat_buffers import FlatAllreduce, GradBuffers, dtype_layouts
 from hvdtrain.torch.sharded import FlatReduceScatter, ShardedOptimizer, zero1_exchange
@@ -105,6 +108,8 @@ class TorchAdapter(FrameworkAdapter):
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
         self.nonfinite = train_config.nonfinite
+        self.finite_check = DeferredFiniteCheck(self.device, train_config.log_every or 50) \
+            if self.device.type == "cuda" and self.nonfinite == "error" else None
         compression = hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none
         self.adasum = config.comm.reduction == "adasum" and hvd.size() > 1  # hvdtrain.core.rules allowed it
         self.overlap = overlap_gradients(config.comm, self.device.type == "cuda", hvd.local_size(),
@@ -350,10 +355,14 @@ class TorchAdapter(FrameworkAdapter):
         norm = torch.nn.utils.get_total_norm(grads)
         if sharded:
             norm = self.exchange.global_norm(norm)  # distributed
-        if self.scaler is None and not torch.isfinite(norm):
+        if self.scaler is None and not self._finite(norm):
             self._end_update()
             if self.nonfinite == "error":
-                raise NonFiniteGradientError(f"the allreduced gradient is not finite (norm {float(norm)})")
+                ago = self._bad_updates_ago or 0
+                raise NonFiniteGradientError(
+                    f"the allreduced gradient is not finite (norm {float(norm)})" if ago == 0 else
+                    f"the allreduced gradient is not finite (the check, read every {self.finite_check.window} "
+                    f"updates on a GPU, found it {ago} updates later)", updates_ago=ago)
             self._skips += 1
             return
         if self.grad_clip_norm is not None:
@@ -368,6 +377,27 @@ class TorchAdapter(FrameworkAdapter):
             else:
                 self.optimizer.step()
         self._end_update()
+
+    finite_check: DeferredFiniteCheck | None = None  # train.nonfinite=error on a GPU: read once per window
+    _bad_updates_ago: int | None = None
+
+    def _finite(self, norm: torch.Tensor) -> bool:
+        """Whether this update goes ahead: per update (a host synchronisation), or under a deferred
+        check noted on the device and read only when its window is due (a bad update found then
+        stops the run: :attr:`_bad_updates_ago` says how many updates before this one it came)."""
+        if self.finite_check is None:
+            return bool(torch.isfinite(norm))
+        self.finite_check.note(norm)
+        if self.finite_check.due():
+            self._bad_updates_ago = self.finite_check.updates_ago()
+        return self._bad_updates_ago is None
+
+    def sync_replicas(self) -> None:
+        super().sync_replicas()
+        # the end of an epoch: the deferred finite check is read before evaluation and the checkpoint
+        if self.finite_check is not None and (ago := self.finite_check.updates_ago()) is not None:
+            raise TrainingError(f"the allreduced gradient was not finite {ago} updates before the end of this "
+                                f"epoch; stopped without saving it. train.nonfinite=skip drops such updates instead")
 
     def _end_update(self) -> None:
         """Every update ends here, applied or skipped: clear the gradients, then the exchange's

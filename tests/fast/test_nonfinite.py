@@ -16,6 +16,7 @@ import pytest
 from numpy_adapter import NumpyAdapter, load_weights, register_toy_recipe
 from toyrun import fit
 
+from hvdtrain.core.adapter import NonFiniteGradientError
 from hvdtrain.core.loop import TrainingError
 
 pytestmark = pytest.mark.nonfinite
@@ -89,3 +90,26 @@ def test_a_model_that_overflowed_is_never_checkpointed(tmp_path):
                                             r"step-00000002"):
         fit(tmp_path, "checkpoint.every_steps=1", adapter=OverflowingAdapter())
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001"]
+
+
+class LateFiniteCheck(NumpyAdapter):
+    """Finds a non-finite gradient two updates after it came, as a GPU's deferred check does
+    (hvdtrain.torch.finite; its own logic: tests/unit/test_deferred_finite_check.py)."""
+
+    bad_at, updates = None, 0
+
+    def train_step(self, inputs, targets, apply_update=True, weight=None):
+        try:
+            loss = super().train_step(inputs, targets, apply_update, weight)
+        except NonFiniteGradientError:  # noted, not raised (this toy skips the update meanwhile)
+            self.bad_at, loss = self.updates, 0.0
+        self.updates += int(apply_update)
+        if self.bad_at is not None and self.updates - self.bad_at == 3:
+            raise NonFiniteGradientError("found late", updates_ago=2)
+        return loss
+
+
+def test_a_late_finding_names_the_bad_optimizer_step_not_the_one_that_found_it(tmp_path):
+    register_toy_recipe(nan_samples=[8 * 4 + 3], nan_epoch=1)  # optimizer step 17, found at step 19
+    with pytest.raises(TrainingError, match=r"found late at epoch 2, batch 7 \(optimizer step 17\)"):
+        fit(tmp_path, "data.shuffle=false", adapter=LateFiniteCheck())
