@@ -46,7 +46,7 @@ def mnist_arrays(n_train: int, n_val: int = 256, channels_first: bool = True, se
     """``(x_train, y_train, x_val, y_val)``: a seeded subset of real MNIST, normalised like the recipe."""
     import zarr
 
-    from recipes.image_classification.data import mnist_zarr_path
+    from hvdtrain_recipes.image_classification.data import mnist_zarr_path
 
     store = zarr.storage.ZipStore(str(mnist_zarr_path()), mode="r")
     group = zarr.open_group(store, mode="r")
@@ -103,7 +103,7 @@ def register_memory_recipe(arrays: dict[str, tuple]) -> str:
         import torch.nn.functional as F
 
         from hvdtrain.torch import build_optimizer
-        from recipes.image_classification.torch_models import build_model
+        from hvdtrain_recipes.image_classification.torch_models import build_model
 
         x, y, xv, yv = arrays["torch"]
         torch.manual_seed(config.train.seed)
@@ -118,8 +118,8 @@ def register_memory_recipe(arrays: dict[str, tuple]) -> str:
         import keras
 
         from hvdtrain.tensorflow import build_optimizer
-        from recipes.image_classification.keras_models import build_model
-        from recipes.image_classification.tf_recipe import _correct, _loss
+        from hvdtrain_recipes.image_classification.keras_models import build_model
+        from hvdtrain_recipes.image_classification.tf_recipe import _correct, _loss
 
         x, y, xv, yv = arrays["tensorflow"]
         keras.utils.set_random_seed(config.train.seed)

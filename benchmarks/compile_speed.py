@@ -74,7 +74,7 @@ def torch_model(name: str, size: int, pretrained: bool = True) -> Any:
     torch.manual_seed(0)
     if name == "bert":
         return torch_bert(pretrained)
-    models = _load_file("torch_models", REPO / "recipes" / "image_classification" / "torch_models.py")
+    models = _load_file("torch_models", REPO / "hvdtrain_recipes" / "image_classification" / "torch_models.py")
     return models.build_model(name, 3, (size, size), CLASSES)
 
 
@@ -84,7 +84,7 @@ def torch_bert(pretrained: bool) -> Any:
     import transformers
 
     if pretrained:
-        from recipes.bert_finetune.pretrained import embedded_model_dir
+        from hvdtrain_recipes.bert_finetune.pretrained import embedded_model_dir
         model = transformers.AutoModelForSequenceClassification.from_pretrained(embedded_model_dir(), num_labels=2)
     else:  # the same architecture (all-MiniLM-L6-v2's config), randomly initialised
         config = transformers.BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
@@ -176,11 +176,11 @@ def keras_model(name: str, size: int) -> Any:
 
     keras.utils.set_random_seed(0)
     if name != "bert":
-        from recipes.image_classification.keras_models import build_model
+        from hvdtrain_recipes.image_classification.keras_models import build_model
         return build_model(name, (size, size, 3), CLASSES)
     import keras_hub
 
-    from recipes.bert_finetune.pretrained import embedded_model_dir
+    from hvdtrain_recipes.bert_finetune.pretrained import embedded_model_dir
     backbone = keras_hub.models.BertBackbone.from_preset(str(embedded_model_dir()))
     classifier = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=2, preprocessor=None)
     ids = keras.Input((SEQUENCE,), dtype="int32", name="ids")

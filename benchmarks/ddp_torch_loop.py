@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import common
-from recipes.image_classification.torch_models import build_model
+from hvdtrain_recipes.image_classification.torch_models import build_model
 
 
 def train_steps(x: np.ndarray, y: np.ndarray, batch: int = common.BATCH, seed: int = common.SEED,

@@ -76,8 +76,8 @@ def pretrain(root: Path, epochs: int, cache: Path) -> tuple[Path, dict]:
     torchvision's layout."""
     from safetensors.torch import load_file
 
-    from recipes.image_classification import torch_models
-    from recipes.image_classification.torchvision_weights import save_torchvision_resnet
+    from hvdtrain_recipes.image_classification import torch_models
+    from hvdtrain_recipes.image_classification.torchvision_weights import save_torchvision_resnet
 
     data = photo_tree.make_tree(root / "pretrain-photos", classes=len(PRETRAIN_PHOTOS), train=100, val=10,
                                 size=(200, 150), seed=1, photos=PRETRAIN_PHOTOS)

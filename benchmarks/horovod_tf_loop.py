@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 import common
-from recipes.image_classification.keras_models import build_model
+from hvdtrain_recipes.image_classification.keras_models import build_model
 
 
 def _variables(variables):

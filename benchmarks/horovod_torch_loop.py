@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import common
-from recipes.image_classification.torch_models import build_model
+from hvdtrain_recipes.image_classification.torch_models import build_model
 
 
 def device() -> torch.device:

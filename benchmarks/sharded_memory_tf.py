@@ -325,7 +325,7 @@ def bert_base_dir(directory: Path) -> Path:
     import torch
     import transformers
 
-    from recipes.bert_finetune import pretrained
+    from hvdtrain_recipes.bert_finetune import pretrained
 
     if (directory / "config.json").is_file():
         return directory

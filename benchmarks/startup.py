@@ -52,7 +52,7 @@ LOADED: dict = {}
 def main() -> None:
     root, out = sys.argv[1], sys.argv[2]
     os.environ.setdefault("HVDTRAIN_DATA_CACHE", "/tmp/hvdtrain-startup-cache")
-    from recipes.image_classification import data as image_data
+    from hvdtrain_recipes.image_classification import data as image_data
 
     original = image_data.load_image_folder
 
@@ -64,7 +64,7 @@ def main() -> None:
         return train, val, classes
 
     image_data.load_image_folder = timed_load
-    import recipes.image_classification.common as common
+    import hvdtrain_recipes.image_classification.common as common
 
     common.load_image_folder = timed_load
     with tempfile.TemporaryDirectory(prefix="hvdtrain-startup-") as tmp:

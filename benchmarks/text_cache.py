@@ -56,7 +56,7 @@ def generate(rows: int, out: Path) -> Path:
     """``rows`` rows: 1 to 4 embedded review sentences drawn at random and joined (so lengths vary),
     labelled by the sign of their summed sentiment scores."""
     sys.path.insert(0, str(REPO))
-    from recipes.bert_finetune.text_data import embedded_file
+    from hvdtrain_recipes.bert_finetune.text_data import embedded_file
 
     with open(embedded_file(), newline="", encoding="utf-8") as f:
         source = [(text, float(score)) for _, score, text in list(csv.reader(f, delimiter="\t",
@@ -82,7 +82,7 @@ def data_file(rows: int) -> Path:
 def encode_alone(path: Path, max_length: int) -> float:
     """Seconds for one process to stream ``path`` and encode every text (all cores)."""
     sys.path.insert(0, str(REPO))
-    from recipes.bert_finetune import pretrained, tokenized
+    from hvdtrain_recipes.bert_finetune import pretrained, tokenized
 
     started = time.perf_counter()
     tokenizer = tokenized.load_tokenizer(pretrained.embedded_model_dir(), max_length)

@@ -101,7 +101,7 @@ def config_page() -> str:
     """The config-key reference (Markdown)."""
     from hvdtrain.core.registry import list_recipes
 
-    import recipes  # noqa: F401  (registers the shipped recipes)
+    import hvdtrain_recipes  # noqa: F401  (registers the shipped recipes)
 
     out = [HEADER.format(source="hvdtrain/core/config.py and the recipes' sections"), "# Config keys", "",
            "Every key a run reads, with its type, default, allowed values and help, generated from the config "

@@ -32,7 +32,7 @@ hvdtrain.define_recipe(
 
 def _data(config, ctx, channels_first):
     """Train and val datasets (NumPy batches), the number of classes and of input features."""
-    from recipes.image_classification.common import load_datasets
+    from hvdtrain_recipes.image_classification.common import load_datasets
 
     train, val, num_classes = load_datasets(config, ctx, channels_first=channels_first)
     height, width = train.image_size

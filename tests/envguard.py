@@ -11,7 +11,7 @@ import pytest
 
 # what library code sets in os.environ itself (setdefault), for isolate_environ
 CLI_VARIABLES = ("TF_CPP_MIN_LOG_LEVEL", "HVDTRAIN_TF_LOG_DEFAULT")  # import hvdtrain: TensorFlow's quiet start
-TOKENIZER_VARIABLES = ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")  # recipes.bert_finetune.tokenized
+TOKENIZER_VARIABLES = ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")  # hvdtrain_recipes.bert_finetune.tokenized
 
 # pytest itself sets this one to the running test and phase; importing TensorFlow sets the others
 # (once per process, whichever test imports it first)

@@ -52,7 +52,7 @@ def build_model(name: str, size: int, classes: int, seq: int) -> torch.nn.Module
                             **({"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2,
                                 "intermediate_size": 256} if small else {}))
         return BertForSequenceClassification(config)
-    from recipes.image_classification.torch_models import build_model as image_model
+    from hvdtrain_recipes.image_classification.torch_models import build_model as image_model
 
     return image_model(name, 3, (size, size), classes)
 

@@ -34,7 +34,7 @@ from hvdtrain.core.resolve import load_config
 from hvdtrain.core.schedule import build_schedule
 from hvdtrain.torch.adapter import TorchAdapter
 from hvdtrain.torch.bench import synthetic_task, to_device
-from recipes.image_classification.torch_models import build_model
+from hvdtrain_recipes.image_classification.torch_models import build_model
 
 WARMUP, STEPS = 12, 6
 

@@ -28,7 +28,7 @@ from common import BATCH, LR, MODEL, SEED, cpu_seconds, mnist_arrays
 
 from hvdtrain import ArrayDataset, TrainTask, load_config
 from hvdtrain.torch import TorchAdapter
-from recipes.image_classification.torch_models import build_model
+from hvdtrain_recipes.image_classification.torch_models import build_model
 
 TUNING = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CACHE_CAPACITY")
 

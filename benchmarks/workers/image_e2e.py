@@ -85,7 +85,7 @@ def handwritten_tf_rate(args, batches: list) -> float:
     import keras
     import tensorflow as tf
 
-    from recipes.image_classification.keras_models import build_model
+    from hvdtrain_recipes.image_classification.keras_models import build_model
 
     def _variables(variables):
         return [getattr(v, "value", v) for v in variables]

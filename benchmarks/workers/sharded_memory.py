@@ -52,8 +52,8 @@ def main():
     from hvdtrain import ArrayDataset, TrainTask, load_config
     from hvdtrain.torch import TorchAdapter, build_optimizer
     from hvdtrain.torch.sharded import ShardedOptimizer
-    from recipes.bert_finetune.pretrained import embedded_model_dir
-    from recipes.bert_finetune.torch_recipe import LogitsOnly, parameter_groups
+    from hvdtrain_recipes.bert_finetune.pretrained import embedded_model_dir
+    from hvdtrain_recipes.bert_finetune.torch_recipe import LogitsOnly, parameter_groups
 
     transformers.utils.logging.set_verbosity_error()
     adapter = TorchAdapter()

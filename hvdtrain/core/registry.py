@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from hvdtrain.core.config import FRAMEWORKS, Schema
 
-BUILTIN_RECIPE_MODULES = ("recipes.image_classification", "recipes.bert_finetune")
+BUILTIN_RECIPE_MODULES = ("hvdtrain_recipes.image_classification", "hvdtrain_recipes.bert_finetune")
 ENTRY_POINT_GROUP = "hvdtrain.recipes"  # installed packages add recipes here (see hvdtrain.core.plugins)
 _entry_points_loaded = False
 _entry_point_errors: dict[str, str] = {}

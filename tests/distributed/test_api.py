@@ -83,7 +83,7 @@ SCRIPT = textwrap.dedent('''
 
     @hvdtrain.register_recipe("failing-cnn", framework="torch", replace=True)
     def build(config, ctx):
-        from recipes.image_classification import build_torch
+        from hvdtrain_recipes.image_classification import build_torch
 
         task = build_torch(config, ctx)
         calls, real_loss = [0], task.loss_fn

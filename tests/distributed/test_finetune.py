@@ -29,8 +29,8 @@ def photos(tmp_path_factory):
 def weights(tmp_path_factory):
     """A ResNet-18 at 64 pixels (torchvision's 7x7 stem) with a 1000-class fc, as .pth and .safetensors."""
     torch = pytest.importorskip("torch")
-    from recipes.image_classification import torch_models
-    from recipes.image_classification.torchvision_weights import save_torchvision_resnet
+    from hvdtrain_recipes.image_classification import torch_models
+    from hvdtrain_recipes.image_classification.torchvision_weights import save_torchvision_resnet
 
     torch.manual_seed(3)
     model = torch_models.build_model("resnet18", 3, (64, 64), 1000)

@@ -139,7 +139,7 @@ def test_fewer_blocks_than_stages_is_refused_by_the_cut_of_the_recipes_model():
     import hvdtrain
     from hvdtrain.core.config import ConfigError
     from hvdtrain.core.gpipe import Cut
-    from recipes.image_classification.torch_models import build_model, pipeline_blocks
+    from hvdtrain_recipes.image_classification.torch_models import build_model, pipeline_blocks
 
     config = hvdtrain.load_config(hvdtrain.get_recipe("image-classification").defaults, recipe="image-classification",
                                   framework="torch", overrides=["parallel.pipeline_stages=3"])

@@ -61,7 +61,7 @@ def _one_process_tokenisation(pairs):
     """line -> (ids, segment ids) of every usable row of both files, straight from ``tokenizers``."""
     import csv
 
-    from recipes.bert_finetune import tokenized
+    from hvdtrain_recipes.bert_finetune import tokenized
 
     tokenizer = tokenized.load_tokenizer(pairs["model"], 48)
     expected = {}

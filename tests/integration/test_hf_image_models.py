@@ -31,8 +31,8 @@ pytest.importorskip("keras_hub")
 
 from hf_image_tiny import color_tree, save_tiny_model  # noqa: E402
 
-from recipes.image_classification import hf_models  # noqa: E402
-from recipes.image_classification.config import ImageConfig  # noqa: E402
+from hvdtrain_recipes.image_classification import hf_models  # noqa: E402
+from hvdtrain_recipes.image_classification.config import ImageConfig  # noqa: E402
 
 LABELS = ["cat", "dog", "fox"]
 
@@ -63,7 +63,7 @@ def test_torch_and_tensorflow_compute_the_same_logits(tiny, model_type):
     import keras
     import torch
 
-    from recipes.image_classification import hf_keras, hf_torch
+    from hvdtrain_recipes.image_classification import hf_keras, hf_torch
 
     hf = hf_models.resolve(tiny(model_type))
     torch_model = hf_torch.load_model(hf, LABELS, seed=3).eval()
@@ -85,7 +85,7 @@ def test_torch_and_tensorflow_compute_the_same_logits(tiny, model_type):
 def test_cnn_checkpoints_load_in_torch_and_are_refused_by_tensorflow_by_name(tiny, model_type):
     import torch
 
-    from recipes.image_classification import hf_torch
+    from hvdtrain_recipes.image_classification import hf_torch
 
     hf = hf_models.resolve(tiny(model_type))
     model = hf_torch.load_model(hf, LABELS, seed=0).eval()
@@ -113,7 +113,7 @@ def test_checkpoint_preprocessing_replaces_the_defaults_unless_set(tiny):
 
 
 def test_weights_that_do_not_match_are_named_in_both_frameworks(tiny, tmp_path):
-    from recipes.image_classification import hf_keras, hf_torch
+    from hvdtrain_recipes.image_classification import hf_keras, hf_torch
 
     deeper = tmp_path / "vit-3-layers"  # config.json says 3 layers, the weights have 2
     shutil.copytree(tiny("vit"), deeper)
@@ -150,7 +150,7 @@ def test_cli_stops_before_training_naming_keys_or_file(tiny, tmp_path, problem, 
 
 
 def test_the_export_never_replaces_a_folder_it_did_not_write(tiny, tmp_path):
-    from recipes.image_classification import export
+    from hvdtrain_recipes.image_classification import export
 
     shutil.copytree(tiny("vit"), tmp_path / "run" / "model")
     with pytest.raises(export.ExportTargetError, match="is the model this run starts from"):

@@ -10,7 +10,7 @@ SHAPES = [("small_cnn", 1, 28), ("resnet18", 3, 32), ("resnet18", 3, 64), ("resn
 def test_torch_models(name, channels, size):
     import torch
 
-    from recipes.image_classification.torch_models import build_model
+    from hvdtrain_recipes.image_classification.torch_models import build_model
 
     model = build_model(name, channels, (size, size), num_classes=7).eval()
     with torch.no_grad():
@@ -22,7 +22,7 @@ def test_torch_models(name, channels, size):
 
 @pytest.mark.parametrize("name,channels,size", SHAPES)
 def test_keras_models(name, channels, size):
-    from recipes.image_classification.keras_models import build_model
+    from hvdtrain_recipes.image_classification.keras_models import build_model
 
     model = build_model(name, (size, size, channels), num_classes=7)
     out = np.asarray(model(np.random.default_rng(0).standard_normal((2, size, size, channels)).astype("float32")))
@@ -30,7 +30,7 @@ def test_keras_models(name, channels, size):
 
 
 def test_unknown_model_is_named():
-    from recipes.image_classification.torch_models import build_model
+    from hvdtrain_recipes.image_classification.torch_models import build_model
 
     with pytest.raises(ValueError, match="'vgg'.*small_cnn, resnet18, resnet34, resnet50, resnet101"):
         build_model("vgg", 3, (32, 32), 10)
@@ -52,7 +52,7 @@ def test_keras_resnets_compute_what_the_torch_ones_compute(name, size):
     import keras
     import torch
 
-    from recipes.image_classification import keras_models, torch_models
+    from hvdtrain_recipes.image_classification import keras_models, torch_models
 
     torch.manual_seed(0)
     reference = torch_models.build_model(name, 3, (size, size), num_classes=5)

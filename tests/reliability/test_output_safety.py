@@ -23,7 +23,7 @@ def tree(root):
 
 
 def test_bert_export_never_replaces_the_model_the_run_starts_from(tmp_path):
-    pretrained = pytest.importorskip("recipes.bert_finetune.pretrained")
+    pretrained = pytest.importorskip("hvdtrain_recipes.bert_finetune.pretrained")
     source = pretrained.embedded_model_dir()
     shutil.copytree(source, tmp_path / "model", copy_function=os.link)  # the user's model folder (hard links)
     before = tree(tmp_path)

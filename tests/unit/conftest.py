@@ -20,7 +20,7 @@ if str(REPO_ROOT) not in sys.path:
 
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
-    """The repository root (holds ``hvdtrain/`` and ``recipes/``)."""
+    """The repository root (holds ``hvdtrain/`` and ``hvdtrain_recipes/``)."""
     return REPO_ROOT
 
 

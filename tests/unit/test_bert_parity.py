@@ -27,13 +27,13 @@ pytest.importorskip("keras_hub")
 
 from bert_tiny_model import make_tiny_bert, movie_sentences  # noqa: E402
 
-from recipes.bert_finetune import pretrained, tokenized  # noqa: E402
+from hvdtrain_recipes.bert_finetune import pretrained, tokenized  # noqa: E402
 
 LABELS = ["negative", "positive"]
 
 
 def _outputs(model_dir, texts, seed=42, pairs=None, zero_segments=False):
-    from recipes.bert_finetune import tf_recipe, torch_recipe
+    from hvdtrain_recipes.bert_finetune import tf_recipe, torch_recipe
 
     tokenizer = tokenized.load_tokenizer(model_dir, 64)
     ids, segments = tokenized.encode(tokenizer, texts, pairs)
@@ -100,7 +100,7 @@ def test_head_depends_on_seed_only():
 def test_no_weight_decay_on_biases_and_layer_norm(tiny_dir):
     from hvdtrain import load_config
     from hvdtrain.tensorflow import build_optimizer
-    from recipes.bert_finetune import tf_recipe, torch_recipe
+    from hvdtrain_recipes.bert_finetune import tf_recipe, torch_recipe
 
     model = torch_recipe.LogitsOnly(torch_recipe.load_model(tiny_dir, LABELS, 0))
     decay, no_decay = torch_recipe.parameter_groups(model, 0.01)
@@ -125,7 +125,7 @@ def test_keras_model_takes_the_checkpoints_dropout(tmp_path, sentences, rate):
     alone would use 0.1 whatever the checkpoint says)."""
     import keras
 
-    from recipes.bert_finetune import pretrained, tf_recipe, torch_recipe
+    from hvdtrain_recipes.bert_finetune import pretrained, tf_recipe, torch_recipe
 
     model_dir = make_tiny_bert(tmp_path / "tiny", sentences[0], dropout=rate)
     keras_model = tf_recipe.load_model(model_dir, pretrained.read_model_config(model_dir), LABELS, 0)

@@ -5,7 +5,7 @@ tests/reliability/test_same_data.py)."""
 import numpy as np
 
 from hvdtrain.core.dataset_check import compare, describe
-from recipes.bert_finetune import tokenized
+from hvdtrain_recipes.bert_finetune import tokenized
 
 
 def record(host, train, val=(8, "v")):

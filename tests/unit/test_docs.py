@@ -37,7 +37,7 @@ def test_config_reference_lists_every_key():
     from hvdtrain.core.registry import get_recipe, list_recipes
     from hvdtrain.core.resolve import load_config
 
-    import recipes  # noqa: F401
+    import hvdtrain_recipes  # noqa: F401
 
     page = (DOCS / "reference" / "config.md").read_text()
     for name in list_recipes():

@@ -18,7 +18,7 @@ from hvdtrain.tensorflow import adapter as tf_adapter  # noqa: E402
 from hvdtrain.tensorflow.finetune import BackboneControl as KerasControl, head_variables  # noqa: E402
 from hvdtrain.torch import TorchAdapter, build_optimizer, decay_groups  # noqa: E402
 from hvdtrain.torch.finetune import BackboneControl, head_parameters  # noqa: E402
-from recipes.image_classification import keras_models, torch_models  # noqa: E402
+from hvdtrain_recipes.image_classification import keras_models, torch_models  # noqa: E402
 from envguard import isolate_environ  # noqa: E402
 
 

@@ -28,7 +28,7 @@ from hvdtrain.core import config as config_module
 from hvdtrain.core.config import ConfigError, RunConfig
 from hvdtrain.core.resolve import load_config
 from hvdtrain.data.index import DataError, read_labels_file
-from recipes.bert_finetune.text_data import LabelledTexts, TextDataError, read_labelled_file
+from hvdtrain_recipes.bert_finetune.text_data import LabelledTexts, TextDataError, read_labelled_file
 
 pytestmark = pytest.mark.timeout(120)  # no hang: the whole file, with room for a loaded CI machine
 
@@ -267,7 +267,7 @@ def test_slurm_node_lists(text):
 def test_torch_pickle_tensor_geometry(stored, offset, size, stride):
     import numpy as np
 
-    from recipes.image_classification.torch_pickle import NotWeightsError, _rebuild_tensor
+    from hvdtrain_recipes.image_classification.torch_pickle import NotWeightsError, _rebuild_tensor
 
     storage = np.arange(1, stored + 1, dtype=np.float32)
     try:

@@ -87,8 +87,8 @@ def with_remote_code(folder: Path) -> Path:
 
 
 def test_a_model_folder_with_an_auto_map_is_refused_and_its_code_never_runs(tiny_vit, tmp_path):
-    from recipes.bert_finetune.torch_recipe import load_model as bert_load_model
-    from recipes.image_classification import hf_models, hf_torch
+    from hvdtrain_recipes.bert_finetune.torch_recipe import load_model as bert_load_model
+    from hvdtrain_recipes.image_classification import hf_models, hf_torch
 
     folder = copy_of(tiny_vit, tmp_path / "evil-model")
     marker = with_remote_code(folder)
@@ -101,7 +101,7 @@ def test_a_model_folder_with_an_auto_map_is_refused_and_its_code_never_runs(tiny
         except Exception as exc:  # noqa: BLE001  (which one is checked below, after the marker)
             errors.append(exc)
         assert not marker.exists(), "the folder's own code ran"
-    from recipes.model_files import ModelFileError
+    from hvdtrain_recipes.model_files import ModelFileError
 
     assert len(errors) == 3 and all(isinstance(e, ModelFileError) for e in errors), errors
     assert all(f"model folder {folder} asks to run its own code" in str(e) and "\n" not in str(e) for e in errors)
@@ -110,8 +110,8 @@ def test_a_model_folder_with_an_auto_map_is_refused_and_its_code_never_runs(tiny
 # --- item 8: pickled weights in a model folder, a checkpoint, a Keras export --------------------------
 
 def test_a_pickled_pytorch_model_bin_is_one_line_naming_the_folder(tiny_vit, tmp_path):
-    from recipes.image_classification import hf_models, hf_torch
-    from recipes.model_files import ModelFileError
+    from hvdtrain_recipes.image_classification import hf_models, hf_torch
+    from hvdtrain_recipes.model_files import ModelFileError
 
     folder = copy_of(tiny_vit, tmp_path / "model")
     (folder / "model.safetensors").unlink()
@@ -139,7 +139,7 @@ def test_a_checkpoint_file_with_pickled_code_is_one_line_naming_it(tmp_path):
 
 def test_a_keras_export_naming_os_system_is_one_line_naming_the_file(tmp_path):
     pytest.importorskip("keras")
-    from recipes.model_files import ModelFileError, load_keras
+    from hvdtrain_recipes.model_files import ModelFileError, load_keras
 
     marker = tmp_path / "RAN"
     path = tmp_path / "model.keras"
@@ -158,8 +158,8 @@ def test_a_keras_export_naming_os_system_is_one_line_naming_the_file(tmp_path):
 def test_a_full_disk_while_exporting_is_one_line_and_leaves_nothing(tmp_path):
     from safetensors.numpy import save_file
 
-    from recipes.image_classification.export import RECORD_FILE, write_export
-    from recipes.model_files import ModelFileError
+    from hvdtrain_recipes.image_classification.export import RECORD_FILE, write_export
+    from hvdtrain_recipes.model_files import ModelFileError
 
     earlier = tmp_path / "model"
     earlier.mkdir()
@@ -184,7 +184,7 @@ def test_a_full_disk_while_exporting_is_one_line_and_leaves_nothing(tmp_path):
 
 
 def test_an_export_is_published_whole(tmp_path):
-    from recipes.image_classification.export import RECORD_FILE, write_export
+    from hvdtrain_recipes.image_classification.export import RECORD_FILE, write_export
 
     target = write_export(tmp_path, lambda folder: (folder / "weights").write_bytes(b"w"), {"labels": LABELS})
     assert sorted(p.name for p in target.iterdir()) == [RECORD_FILE, "weights"]
@@ -220,7 +220,7 @@ def test_a_comm_state_rank_beyond_the_world_size_is_refused(tmp_path):
 
 
 def export_folder(tmp_path: Path, **change) -> Path:
-    from recipes.image_classification.export import RECORD_FILE, make_record
+    from hvdtrain_recipes.image_classification.export import RECORD_FILE, make_record
 
     class Policy:
         size, kind, val_crop = 32, "resize", 0.875
@@ -246,8 +246,8 @@ def export_folder(tmp_path: Path, **change) -> Path:
 def test_an_image_model_json_is_checked_before_anything_is_built(tmp_path, change, needle):
     from PIL import Image
 
-    from recipes.image_classification.predict import predict
-    from recipes.model_files import ModelFileError
+    from hvdtrain_recipes.image_classification.predict import predict
+    from hvdtrain_recipes.model_files import ModelFileError
 
     folder = export_folder(tmp_path, **change)
     image = tmp_path / "a.png"
@@ -280,9 +280,9 @@ def test_a_class_index_beyond_any_class_count_is_refused(tmp_path):
 def test_both_frameworks_refuse_the_folder_when_it_is_resolved(tiny_vit, tmp_path):
     """The TensorFlow side (keras-hub) would not run the code, but the folder is refused the same
     way for both frameworks, when ``--model`` is resolved (before the data is read)."""
-    from recipes.bert_finetune.pretrained import resolve_model_dir
-    from recipes.image_classification import hf_models
-    from recipes.model_files import ModelFileError
+    from hvdtrain_recipes.bert_finetune.pretrained import resolve_model_dir
+    from hvdtrain_recipes.image_classification import hf_models
+    from hvdtrain_recipes.model_files import ModelFileError
 
     folder = copy_of(tiny_vit, tmp_path / "evil-model")
     marker = with_remote_code(folder)

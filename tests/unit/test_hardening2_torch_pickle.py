@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from recipes.image_classification import torch_pickle
-from recipes.image_classification.torch_pickle import NotWeightsError
+from hvdtrain_recipes.image_classification import torch_pickle
+from hvdtrain_recipes.image_classification.torch_pickle import NotWeightsError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,7 +84,7 @@ def test_a_crafted_file_does_not_crash_the_process(tmp_path):
     """The segfault of before, in a child process (it took the test process down): now exit 0 with
     the refusal, whatever the memory beyond the storage holds."""
     path = torch_file(tmp_path / "crafted.pth", size=(64, 1 << 20), stride=(1 << 40, 1))
-    code = ("import sys; from recipes.image_classification import torch_pickle as t\n"
+    code = ("import sys; from hvdtrain_recipes.image_classification import torch_pickle as t\n"
             "try:\n    t.load(sys.argv[1])\nexcept t.NotWeightsError as e:\n    print('refused:', e)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(path)], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
@@ -106,7 +106,7 @@ def test_a_zip_bomb_storage_is_refused_before_it_is_unpacked(tmp_path):
 
 def test_the_tensorflow_loader_names_the_file_in_one_line(tmp_path):
     from hvdtrain.core.config import ConfigError
-    from recipes.image_classification.torchvision_weights import read_state_dict
+    from hvdtrain_recipes.image_classification.torchvision_weights import read_state_dict
 
     path = torch_file(tmp_path / "resnet18.pth", size=(200_000,), stride=(1,))
     with pytest.raises(ConfigError) as caught:

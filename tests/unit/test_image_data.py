@@ -14,8 +14,8 @@ from benchmarks import photo_tree
 from hvdtrain.data.decode import DECODE_ERRORS, decode
 from hvdtrain.data.index import load_index
 from hvdtrain.data.transforms import SampleOp, TransformPolicy
-from recipes.image_classification.config import ImageConfig
-from recipes.image_classification.data import DataError, load_image_folder
+from hvdtrain_recipes.image_classification.config import ImageConfig
+from hvdtrain_recipes.image_classification.data import DataError, load_image_folder
 
 
 def write_tree(root, classes, per_class=3, mode="L", size=(12, 10), splits=("train", "val")):

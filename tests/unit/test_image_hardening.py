@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from hvdtrain.data.index import DataError, load_index
-from recipes.image_classification.config import ImageConfig
-from recipes.image_classification.data import load_image_folder
+from hvdtrain_recipes.image_classification.config import ImageConfig
+from hvdtrain_recipes.image_classification.data import load_image_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

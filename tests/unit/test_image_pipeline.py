@@ -17,8 +17,8 @@ from PIL import Image
 from hvdtrain.core import sharding
 from hvdtrain.data.index import DataError, load_index
 from hvdtrain.data.workers import WorkerPool
-from recipes.image_classification.config import ImageConfig
-from recipes.image_classification.data import load_image_folder
+from hvdtrain_recipes.image_classification.config import ImageConfig
+from hvdtrain_recipes.image_classification.data import load_image_folder
 
 CLASSES = ("ant", "bee", "cat")
 

@@ -21,8 +21,8 @@ from hvdtrain.data import braces
 from hvdtrain.data.index import DataError
 from hvdtrain.data.shards import load_shard_index
 from hvdtrain.data.workers import WorkerPool
-from recipes.image_classification.config import ImageConfig
-from recipes.image_classification.data import load_image_folder
+from hvdtrain_recipes.image_classification.config import ImageConfig
+from hvdtrain_recipes.image_classification.data import load_image_folder
 
 if not photo_tree.available() and os.environ.get("CI") != "true":
     pytest.skip("scikit-image's photos are not installed (scripts/install.sh adds scikit-image==0.26.0)",

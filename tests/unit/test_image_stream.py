@@ -33,8 +33,8 @@ from hvdtrain.data.transforms import choose_policy
 from hvdtrain.data.workers import WorkerPool
 from http_server import http_server
 from trackers_support import free_port
-from recipes.image_classification.config import ImageConfig
-from recipes.image_classification.data import load_image_folder
+from hvdtrain_recipes.image_classification.config import ImageConfig
+from hvdtrain_recipes.image_classification.data import load_image_folder
 
 REPO = Path(__file__).resolve().parents[2]
 STORES = REPO / "tests" / "distributed" / "workers" / "image_stores.py"

@@ -1,4 +1,4 @@
-"""The import graph of hvdtrain/ and recipes/ has no cycle, and its layers point one way.
+"""The import graph of hvdtrain/ and hvdtrain_recipes/ has no cycle, and its layers point one way.
 
 Read from the source (every import statement, those inside functions too: a lazy import that
 closes a loop is still a loop), not from what happens to be imported at run time. An import
@@ -20,7 +20,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ROOTS = ("hvdtrain", "recipes")
+ROOTS = ("hvdtrain", "hvdtrain_recipes")
 
 
 def _modules() -> dict[str, Path]:
@@ -155,7 +155,7 @@ def test_layers_point_one_way():
     graph = import_graph()
     for module, imported in graph.items():
         if module.startswith("hvdtrain."):
-            assert not any(t.startswith("recipes") for t in imported), (module, imported)  # library never imports recipes
+            assert not any(t.startswith("hvdtrain_recipes") for t in imported), (module, imported)  # library never imports recipes
         if module.startswith("hvdtrain.core."):
             assert not any(t.startswith(("hvdtrain.torch", "hvdtrain.tensorflow", "hvdtrain.cli"))
                            for t in imported), (module, imported)

@@ -28,7 +28,7 @@ def run_blocks(blocks, inputs):
 @pytest.mark.parametrize("name", ["small_cnn", "resnet18"])
 def test_torch_image_blocks_compose_to_the_model(name):
     torch = pytest.importorskip("torch")
-    from recipes.image_classification.torch_models import build_model, pipeline_blocks
+    from hvdtrain_recipes.image_classification.torch_models import build_model, pipeline_blocks
 
     torch.manual_seed(0)
     model = build_model(name, 1, (28, 28), 10).eval()
@@ -47,7 +47,7 @@ def test_torch_bert_blocks_compose_to_the_model(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from bert_tiny_model import make_tiny_bert, movie_sentences
 
-    from recipes.bert_finetune import torch_recipe, torch_stages
+    from hvdtrain_recipes.bert_finetune import torch_recipe, torch_stages
 
     train, _ = movie_sentences(200, 10)
     model_dir = make_tiny_bert(tmp_path / "tiny", list(train.texts))
@@ -69,7 +69,7 @@ def test_keras_image_blocks_compose_to_the_model(name, monkeypatch):
     pytest.importorskip("tensorflow")
     import keras
 
-    from recipes.image_classification.keras_models import build_model, pipeline_blocks
+    from hvdtrain_recipes.image_classification.keras_models import build_model, pipeline_blocks
 
     keras.utils.set_random_seed(0)
     model = build_model(name, (28, 28, 1), 10)
@@ -89,7 +89,7 @@ def test_keras_bert_blocks_compose_to_the_model(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from bert_tiny_model import make_tiny_bert, movie_sentences
 
-    from recipes.bert_finetune import pretrained, tf_recipe, tf_stages
+    from hvdtrain_recipes.bert_finetune import pretrained, tf_recipe, tf_stages
 
     train, _ = movie_sentences(200, 10)
     model_dir = make_tiny_bert(tmp_path / "tiny", list(train.texts))

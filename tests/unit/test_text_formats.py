@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from hvdtrain import DistContext, load_config
-from recipes.bert_finetune import DEFAULTS, pretrained, table_rows, text_data, text_sources, tokenized
-from recipes.bert_finetune.text_data import TextDataError
+from hvdtrain_recipes.bert_finetune import DEFAULTS, pretrained, table_rows, text_data, text_sources, tokenized
+from hvdtrain_recipes.bert_finetune.text_data import TextDataError
 
 from envguard import TOKENIZER_VARIABLES, isolate_environ
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hvdtrain import DistContext, load_config
-from recipes.bert_finetune import DEFAULTS, common, text_data, tokenized
-from recipes.bert_finetune.text_data import TextDataError
+from hvdtrain_recipes.bert_finetune import DEFAULTS, common, text_data, tokenized
+from hvdtrain_recipes.bert_finetune.text_data import TextDataError
 
 from envguard import TOKENIZER_VARIABLES, isolate_environ
 
@@ -47,7 +47,7 @@ def test_an_unquoted_comma_is_a_bad_row_not_an_invented_label(tmp_path):
 
 
 def test_the_label_mapping_does_not_depend_on_the_hash_seed():
-    code = ("from recipes.bert_finetune.text_data import label_names; "
+    code = ("from hvdtrain_recipes.bert_finetune.text_data import label_names; "
             "print(label_names(['nan', '1', '0', '2', 'x', '10', '3', 'NaN']))")
     seen = {subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(8)}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hvdtrain import DistContext, load_config
-from recipes.bert_finetune import DEFAULTS, pretrained, text_data, text_sources
+from hvdtrain_recipes.bert_finetune import DEFAULTS, pretrained, text_data, text_sources
 
 from envguard import TOKENIZER_VARIABLES, isolate_environ
 

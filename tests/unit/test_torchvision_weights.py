@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 keras = pytest.importorskip("keras")
 
 from hvdtrain import ConfigError  # noqa: E402
-from recipes.image_classification import keras_models, torch_models  # noqa: E402
-from recipes.image_classification.torchvision_weights import (  # noqa: E402
+from hvdtrain_recipes.image_classification import keras_models, torch_models  # noqa: E402
+from hvdtrain_recipes.image_classification.torchvision_weights import (  # noqa: E402
     load_torchvision_resnet, read_state_dict, save_torchvision_resnet, torch_names)
 
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 import hvdtrain
-from recipes.bert_finetune import pretrained
+from hvdtrain_recipes.bert_finetune import pretrained
 
 report_path, framework, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
 config = hvdtrain.load_config(hvdtrain.get_recipe("bert-finetune").defaults, overrides=overrides,
@@ -24,14 +24,14 @@ model = trainer.adapter.model
 model_dir = pretrained.resolve_model_dir(config.model.name)
 
 if framework == "torch":
-    from recipes.bert_finetune.torch_recipe import LogitsOnly, load_model
+    from hvdtrain_recipes.bert_finetune.torch_recipe import LogitsOnly, load_model
 
     def flat(m):
         return np.concatenate([p.detach().double().numpy().ravel() for p in m.parameters()])
 
     start = flat(LogitsOnly(load_model(model_dir, ["0", "1"], config.train.seed)))
 else:
-    from recipes.bert_finetune.tf_recipe import load_model
+    from hvdtrain_recipes.bert_finetune.tf_recipe import load_model
 
     def flat(m):
         return np.concatenate([np.asarray(v.numpy(), np.float64).ravel() for v in m.trainable_variables])

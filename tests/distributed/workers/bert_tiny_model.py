@@ -7,7 +7,7 @@ import csv
 import json
 from pathlib import Path
 
-from recipes.bert_finetune.text_data import embedded_movie_reviews
+from hvdtrain_recipes.bert_finetune.text_data import embedded_movie_reviews
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 import hvdtrain
-from recipes.image_classification.torchvision_weights import read_state_dict
+from hvdtrain_recipes.image_classification.torchvision_weights import read_state_dict
 
 
 def _digest(arrays) -> str:

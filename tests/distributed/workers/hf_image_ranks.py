@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 import hvdtrain
-from recipes.image_classification import hf_models
+from hvdtrain_recipes.image_classification import hf_models
 
 report_path, framework, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
 config = hvdtrain.load_config(hvdtrain.get_recipe("image-classification").defaults, overrides=overrides,
@@ -26,7 +26,7 @@ hf = hf_models.resolve(config.model.name)
 labels = sorted(p.name for p in (Path(config.data.path) / "train").iterdir())  # the class folders
 
 if framework == "torch":
-    from recipes.image_classification.hf_torch import load_model
+    from hvdtrain_recipes.image_classification.hf_torch import load_model
 
     def flat(m, head=False):
         params = m.model.classifier.parameters() if head else m.parameters()
@@ -34,7 +34,7 @@ if framework == "torch":
 
     initial = load_model(hf, labels, config.train.seed)
 else:
-    from recipes.image_classification.hf_keras import load_model
+    from hvdtrain_recipes.image_classification.hf_keras import load_model
 
     def flat(m, head=False):
         variables = m.get_layer(hf_models.HEAD_NAME).trainable_variables if head else m.trainable_variables

@@ -17,7 +17,7 @@ import numpy as np
 import hvdtrain
 from hvdtrain.core import sharding
 from hvdtrain.core.adapter import load_adapter
-from recipes.bert_finetune import common, tokenized
+from hvdtrain_recipes.bert_finetune import common, tokenized
 
 out_dir, framework, overrides = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 config = hvdtrain.load_config(hvdtrain.get_recipe("bert-finetune").defaults, overrides=overrides,
@@ -36,10 +36,10 @@ def counted(tokenizer, texts, pairs, dtype):
 
 tokenized.encode_chunk = counted
 if framework == "torch":
-    from recipes.bert_finetune.torch_recipe import barrier
+    from hvdtrain_recipes.bert_finetune.torch_recipe import barrier
     names, dtype = tokenized.TORCH_INPUTS, "int64"
 else:
-    from recipes.bert_finetune.tf_recipe import barrier
+    from hvdtrain_recipes.bert_finetune.tf_recipe import barrier
     names, dtype = tokenized.KERAS_HUB_INPUTS, "int32"
 data = common.prepare(config, ctx, names, dtype, barrier=barrier)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes.bert_finetune import tokenized
-from recipes.bert_finetune.common import LABELS_FILE
-from recipes.bert_finetune.export import EXPORT_DIR, KERAS_FILE
-from recipes.model_files import from_pretrained, load_keras
+from hvdtrain_recipes.bert_finetune import tokenized
+from hvdtrain_recipes.bert_finetune.common import LABELS_FILE
+from hvdtrain_recipes.bert_finetune.export import EXPORT_DIR, KERAS_FILE
+from hvdtrain_recipes.model_files import from_pretrained, load_keras
 
 
 @dataclass

@@ -3,9 +3,9 @@
 
 A directory as ``save_pretrained`` writes it (``config.json`` and ``model.safetensors`` or
 ``pytorch_model.bin``, optionally ``preprocessor_config.json``) is loaded in torch by
-``transformers.AutoModelForImageClassification`` (:mod:`recipes.image_classification.hf_torch`)
+``transformers.AutoModelForImageClassification`` (:mod:`hvdtrain_recipes.image_classification.hf_torch`)
 and in TensorFlow by keras-hub where keras-hub converts the architecture
-(:mod:`recipes.image_classification.hf_keras`: ViT, DeiT, Swin, DINOv2). Both start from the same
+(:mod:`hvdtrain_recipes.image_classification.hf_keras`: ViT, DeiT, Swin, DINOv2). Both start from the same
 weights and the same fresh classification head, drawn here with NumPy from ``train.seed`` and
 sized to the dataset's classes, so they compute the same logits.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes.model_files import check_no_remote_code
+from hvdtrain_recipes.model_files import check_no_remote_code
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 PREPROCESSOR_FILE = "preprocessor_config.json"

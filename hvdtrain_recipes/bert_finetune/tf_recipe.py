@@ -15,8 +15,8 @@ import tensorflow as tf
 
 import hvdtrain
 from hvdtrain.tensorflow import build_optimizer
-from recipes.bert_finetune import common, export, pretrained, tf_stages
-from recipes.bert_finetune.tokenized import KERAS_HUB_INPUTS
+from hvdtrain_recipes.bert_finetune import common, export, pretrained, tf_stages
+from hvdtrain_recipes.bert_finetune.tokenized import KERAS_HUB_INPUTS
 
 NO_DECAY = ["bias", "gamma", "beta"]  # Keras variable names of biases and LayerNorm scales/offsets
 GELU_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
@@ -38,7 +38,7 @@ def check_supported(model_config: dict, model_dir: Path) -> None:
 
 def load_model(model_dir: Path, model_config: dict, labels: list[str], seed: int) -> keras.Model:
     """BertTextClassifier from ``model_dir`` (no preprocessor: it takes token ids) with the same
-    fresh head the torch model gets (:func:`recipes.bert_finetune.pretrained.head_weights`) and the
+    fresh head the torch model gets (:func:`hvdtrain_recipes.bert_finetune.pretrained.head_weights`) and the
     checkpoint's dropout (``hidden_dropout_prob``, ``classifier_dropout``) as in torch; keras-hub
     uses one rate for hidden and attention dropout."""
     import keras_hub

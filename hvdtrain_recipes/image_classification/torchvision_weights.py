@@ -3,8 +3,8 @@
 torchvision names a ResNet's tensors ``conv1.weight``, ``bn1.{weight,bias,running_mean,running_var,
 num_batches_tracked}``, ``layer<i>.<j>.conv<k>.weight``, ``layer<i>.<j>.bn<k>.*``,
 ``layer<i>.<j>.downsample.{0,1}.*`` and ``fc.{weight,bias}``. :func:`load_torchvision_resnet`
-maps them onto :class:`~recipes.image_classification.torch_models.ResNet` (``stem``, ``stages``,
-``head``) or onto the Keras ResNet of :mod:`~recipes.image_classification.keras_models` (by its
+maps them onto :class:`~hvdtrain_recipes.image_classification.torch_models.ResNet` (``stem``, ``stages``,
+``head``) or onto the Keras ResNet of :mod:`~hvdtrain_recipes.image_classification.keras_models` (by its
 ``torchvision_layers``; convolution kernels OIHW -> HWIO, dense kernels transposed, BatchNorm
 weight/bias/running stats -> gamma/beta/moving stats), so the same file gives the same logits in
 both frameworks.
@@ -14,7 +14,7 @@ stops with a :class:`~hvdtrain.ConfigError` naming the keys. The one exception i
 when only its class count differs from the model's: it is skipped (the head keeps its fresh
 initialisation) and a note says so. A ``.pth`` never runs code: torch reads it with
 ``torch.load(weights_only=True)``, the TensorFlow side with an allow-listed unpickler of its own
-(:mod:`~recipes.image_classification.torch_pickle`: no torch needed, as for ``.safetensors``).
+(:mod:`~hvdtrain_recipes.image_classification.torch_pickle`: no torch needed, as for ``.safetensors``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def read_state_dict(path: str | Path, framework: str = "torch") -> dict[str, np.
     """The tensors of a torchvision-layout weights file as NumPy arrays, keyed by name (a
     ``{"state_dict": ...}`` or ``{"model": ...}`` wrapper and a DDP ``module.`` prefix are removed).
     A ``.pth`` is read by ``torch.load(weights_only=True)`` for ``framework`` torch, by
-    :mod:`~recipes.image_classification.torch_pickle` (no torch) for tensorflow."""
+    :mod:`~hvdtrain_recipes.image_classification.torch_pickle` (no torch) for tensorflow."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"model.pretrained: {path} is not a file")
@@ -50,7 +50,7 @@ def read_state_dict(path: str | Path, framework: str = "torch") -> dict[str, np.
         except Exception as exc:  # a corrupt or foreign file: the reader's own words
             raise ConfigError(f"model.pretrained: {path} is not a readable .safetensors file ({exc})") from None
     elif path.suffix in SUFFIXES and framework != "torch":
-        from recipes.image_classification import torch_pickle
+        from hvdtrain_recipes.image_classification import torch_pickle
 
         try:
             state = _unwrap(torch_pickle.load(path), path)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from hvdtrain.core.durable import atomic_write_text
-from recipes.bert_finetune import pretrained, text_data, text_sources, tokenized
+from hvdtrain_recipes.bert_finetune import pretrained, text_data, text_sources, tokenized
 
 LABELS_FILE = "labels.json"
 

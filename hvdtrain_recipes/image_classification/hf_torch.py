@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
-from recipes.image_classification.hf_models import HEAD_NAME, HFImageModel, HFModelError, head_weights, label_maps
-from recipes.model_files import ModelFileError, from_pretrained
+from hvdtrain_recipes.image_classification.hf_models import (HEAD_NAME, HFImageModel, HFModelError, head_weights,
+                                                             label_maps)
+from hvdtrain_recipes.model_files import ModelFileError, from_pretrained
 
 
 class HFImageClassifier(torch.nn.Module):
@@ -78,7 +79,7 @@ def check_loading_info(hf: HFImageModel, info: dict) -> None:
 
 def load_model(hf: HFImageModel, labels: list[str], seed: int) -> HFImageClassifier:
     """The pretrained model of ``hf`` with a head for ``labels`` drawn from ``seed``
-    (:func:`recipes.image_classification.hf_models.head_weights`: the TensorFlow model gets the same)."""
+    (:func:`hvdtrain_recipes.image_classification.hf_models.head_weights`: the TensorFlow model gets the same)."""
     model, info = _load_pretrained(hf, labels)
     check_loading_info(hf, info)
     head = getattr(model, HEAD_NAME, None)  # a Linear, or (ResNet) Flatten + Linear

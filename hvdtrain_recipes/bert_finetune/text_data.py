@@ -3,7 +3,7 @@
 * :func:`read_labelled_file` reads CSV (``.csv``), TSV (``.tsv``, ``.tab``, ``.txt``) and JSON
   Lines (``.jsonl``, ``.ndjson``, ``.json``) files with named text and label columns, and Parquet
   and Arrow tables as Hugging Face ``datasets`` stores them (a file, a glob, a Hub-style folder, a
-  ``save_to_disk`` folder: :mod:`recipes.bert_finetune.table_rows`), all through :func:`stream_rows`.
+  ``save_to_disk`` folder: :mod:`hvdtrain_recipes.bert_finetune.table_rows`), all through :func:`stream_rows`.
 * :func:`label_names` / :func:`encode_labels` map labels to ids (sorted; numeric labels in numeric
   order, ``nan`` among the words: the same order in every process, whatever its hash seed); a
   validation label never seen in training is an error naming it.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes.bert_finetune.text_errors import TextDataError, check_columns
+from hvdtrain_recipes.bert_finetune.text_errors import TextDataError, check_columns
 
 DELIMITERS = {".csv": ",", ".tsv": "\t", ".tab": "\t", ".txt": "\t"}
 JSON_LINES = (".jsonl", ".ndjson", ".json")
@@ -196,7 +196,7 @@ def _json_records(path: Path):
 def bad_rows_for(path: str | Path, policy: str = "error", split: str | None = None) -> BadRows:
     """The :class:`BadRows` of a data source: for a Parquet/Arrow table, counted in rows and
     named by file and row."""
-    from recipes.bert_finetune import table_rows
+    from hvdtrain_recipes.bert_finetune import table_rows
 
     if table_rows.is_table(path):
         table = table_rows.open_table(path, split)
@@ -212,7 +212,7 @@ def stream_rows(path: str | Path, text_column: str, label_column: str, pair_colu
     columns must exist. ``problem`` is None, or why the row cannot be trusted (a CSV/TSV row with
     more fields than the header, a value outside a ClassLabel's classes): :func:`checked_rows`
     rejects it."""
-    from recipes.bert_finetune import table_rows
+    from hvdtrain_recipes.bert_finetune import table_rows
 
     wanted = [(text_column, "--text-column"), (label_column, "--label-column")]
     if pair_column is not None:

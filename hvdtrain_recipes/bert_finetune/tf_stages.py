@@ -1,6 +1,6 @@
 """keras-hub's BertTextClassifier as ordered blocks for pipeline stages (``parallel.pipeline_stages > 1``).
 
-The TensorFlow counterpart of :mod:`recipes.bert_finetune.torch_stages`: the embeddings, each
+The TensorFlow counterpart of :mod:`hvdtrain_recipes.bert_finetune.torch_stages`: the embeddings, each
 transformer layer, and the head (pooler on the first token, dropout, classifier). The blocks are
 Keras layers that share the classifier's own layers (and so its variables), so the balanced cut
 by parameter count groups them as in torch (for the embedded MiniLM-L6: embeddings | layers + head).

@@ -18,13 +18,13 @@ Your own model directory and CSV/TSV/JSONL file on a cluster::
 Parquet and Arrow as Hugging Face ``datasets`` stores text: ``--data`` a ``.parquet``/``.arrow``
 file, a glob (``'data/train-*.parquet'``), a folder of Parquet shards as on the Hub
 (``data/train-00000-of-00002.parquet``: its ``train`` split trains, its ``validation`` split
-validates), a ``save_to_disk`` folder or a ``DatasetDict`` folder (``recipes/bert_finetune/table_rows.py``);
+validates), a ``save_to_disk`` folder or a ``DatasetDict`` folder (``hvdtrain_recipes/bert_finetune/table_rows.py``);
 a ClassLabel label column gives its class names.
 
 Sentence pairs (MNLI, QQP) and large files: ``--text-pair-column hypothesis``; a file is tokenised
 once per host into a memory-mapped token cache (``text.cache_dir``) that every rank and later runs
 reuse; ``--set text.bad_rows=skip`` skips and counts rows with a missing text or label
-(``recipes/bert_finetune/token_cache.py``, ``text_sources.py``).
+(``hvdtrain_recipes/bert_finetune/token_cache.py``, ``text_sources.py``).
 
 Both frameworks tokenise with the model directory's ``tokenizer.json`` (identical token ids),
 start from identical weights (the classifier head is drawn with NumPy from ``train.seed``), and
@@ -33,7 +33,7 @@ gradient clipping through the core's options.
 """
 
 import hvdtrain
-from recipes.bert_finetune.config import TextConfig
+from hvdtrain_recipes.bert_finetune.config import TextConfig
 
 DEFAULTS = {
     "model": {"name": "sentence-transformers/all-MiniLM-L6-v2"},
@@ -54,7 +54,7 @@ hvdtrain.define_recipe(
 
 def _predict(run_dir, texts):
     """Predictions of a run's exported model (``hvdtrain predict``)."""
-    from recipes.bert_finetune.predict import predict
+    from hvdtrain_recipes.bert_finetune.predict import predict
 
     return predict(run_dir, texts)
 
@@ -62,7 +62,7 @@ def _predict(run_dir, texts):
 @hvdtrain.register_recipe("bert-finetune", framework="torch")
 def build_torch(config, ctx):
     """The torch task (imports torch and transformers only when called)."""
-    from recipes.bert_finetune.torch_recipe import build
+    from hvdtrain_recipes.bert_finetune.torch_recipe import build
 
     return build(config, ctx)
 
@@ -70,6 +70,6 @@ def build_torch(config, ctx):
 @hvdtrain.register_recipe("bert-finetune", framework="tensorflow")
 def build_tensorflow(config, ctx):
     """The TensorFlow task (imports TensorFlow and keras-hub only when called)."""
-    from recipes.bert_finetune.tf_recipe import build
+    from hvdtrain_recipes.bert_finetune.tf_recipe import build
 
     return build(config, ctx)

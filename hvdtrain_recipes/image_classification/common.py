@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from hvdtrain.data.normalize import normalize_numpy
-from recipes.image_classification.config import ImageConfig
-from recipes.image_classification.data import default_workers, embedded_mnist, is_remote, load_image_folder
-from recipes.image_classification.hf_models import HFImageModel, apply_preprocessing, is_hf_model, resolve
+from hvdtrain_recipes.image_classification.config import ImageConfig
+from hvdtrain_recipes.image_classification.data import default_workers, embedded_mnist, is_remote, load_image_folder
+from hvdtrain_recipes.image_classification.hf_models import HFImageModel, apply_preprocessing, is_hf_model, resolve
 
 LARGE_IMAGE_MODEL = "resnet50"
 _POOLS: dict[int, object] = {}

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipes.bert_finetune.text_errors import TextDataError, check_columns
+from hvdtrain_recipes.bert_finetune.text_errors import TextDataError, check_columns
 
 SUFFIXES = (".parquet", ".arrow")
 GLOB_CHARACTERS = "*?["
@@ -308,7 +308,7 @@ def _labels(values: list, names: list[str] | None, column: str) -> tuple[list[st
 
 def table_rows(table: Table, wanted: list[tuple[str, str]]):
     """Yield ``(row, text, pair, label, problem)`` for every row of ``table``, as
-    :func:`~recipes.bert_finetune.text_data.stream_rows` does for a text file: read
+    :func:`~hvdtrain_recipes.bert_finetune.text_data.stream_rows` does for a text file: read
     :data:`BATCH_ROWS` rows at a time, only the columns used. ``wanted``: ``(column, option)`` of
     the text, the label and (if any) the pair column, which every file must have."""
     import pyarrow as pa

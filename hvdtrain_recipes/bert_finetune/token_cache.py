@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from hvdtrain.core.durable import atomic_write_text, fsync_path
-from recipes.bert_finetune import text_data, tokenized
+from hvdtrain_recipes.bert_finetune import text_data, tokenized
 
 FORMAT_VERSION = 2  # 2: rows with more fields than the header are bad rows (format 1 caches may hold them)
 CHUNK_ROWS = 8192
@@ -64,7 +64,7 @@ def default_root() -> Path:
 def file_identity(path: str | Path, split: str | None = None) -> dict:
     """What identifies a data file's content cheaply: path, size, mtime_ns, SHA-256 of head and tail;
     of a Parquet/Arrow table (its ``split``): path, split, and every file's name, size and mtime_ns."""
-    from recipes.bert_finetune import table_rows
+    from hvdtrain_recipes.bert_finetune import table_rows
 
     if table_rows.is_table(path):
         absolute = os.path.abspath(os.path.expanduser(str(path)))
@@ -172,7 +172,7 @@ def _arrays(values: dict[str, np.ndarray], vocab: list[str]) -> tokenized.TokenA
 
 
 def encode_in_memory(data: text_data.LabelledTexts, tokenizer, vocab_size: int) -> tokenized.TokenArrays:
-    """:class:`~recipes.bert_finetune.tokenized.TokenArrays` of rows already in memory (the embedded
+    """:class:`~hvdtrain_recipes.bert_finetune.tokenized.TokenArrays` of rows already in memory (the embedded
     default; line numbers are row positions)."""
     pairs = data.pairs if data.pairs is not None else [None] * len(data)
     rows = ((i, t, p, lab) for i, (t, p, lab) in enumerate(zip(data.texts, pairs, data.labels), 1))
@@ -331,7 +331,7 @@ def read_manifest(entry: Path) -> dict:
 
 def open_entry(entry: Path, record: dict, bad_rows: str) -> tuple[tokenized.TokenArrays, text_data.BadRows]:
     """Memory-map a built entry (nothing is copied into memory); its skipped rows as
-    :class:`~recipes.bert_finetune.text_data.BadRows` under policy ``bad_rows``."""
+    :class:`~hvdtrain_recipes.bert_finetune.text_data.BadRows` under policy ``bad_rows``."""
     if not (entry / MANIFEST).is_file():
         raise text_data.TextDataError(f"token cache {entry} is missing after it was built: is text.cache_dir on a "
                                       f"filesystem this host does not see? (set text.cache_shared=false)")

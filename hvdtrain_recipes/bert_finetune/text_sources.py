@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from recipes.bert_finetune import table_rows, text_data, token_cache, tokenized
+from hvdtrain_recipes.bert_finetune import table_rows, text_data, token_cache, tokenized
 
 
 @dataclass

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from hvdtrain.core.durable import publish_folder
-from recipes.bert_finetune.common import LABELS_FILE, label_record
-from recipes.model_files import export_errors
+from hvdtrain_recipes.bert_finetune.common import LABELS_FILE, label_record
+from hvdtrain_recipes.model_files import export_errors
 
 EXPORT_DIR = "model"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")

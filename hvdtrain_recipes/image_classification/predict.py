@@ -15,8 +15,8 @@ import numpy as np
 
 from hvdtrain.data.decode import DECODE_ERRORS, decode
 from hvdtrain.data.transforms import TransformPolicy, sample_op
-from recipes.image_classification.export import EXPORT_DIR, KERAS_FILE, RECORD_FILE, TORCH_FILE
-from recipes.model_files import ModelFileError, load_keras
+from hvdtrain_recipes.image_classification.export import EXPORT_DIR, KERAS_FILE, RECORD_FILE, TORCH_FILE
+from hvdtrain_recipes.model_files import ModelFileError, load_keras
 
 BATCH = 32
 
@@ -48,7 +48,7 @@ def _option_range(name: str) -> tuple[int, int]:
     """The (min, max) of ``image.NAME`` (what training accepts)."""
     import dataclasses
 
-    from recipes.image_classification.config import ImageConfig
+    from hvdtrain_recipes.image_classification.config import ImageConfig
 
     meta = {f.name: f.metadata for f in dataclasses.fields(ImageConfig)}[name]
     return int(meta["min"]), int(meta["max"])
@@ -121,13 +121,13 @@ def _torch_model(folder: Path, record: dict):
     import torch
 
     if record["source"] == "huggingface":
-        from recipes.image_classification.hf_torch import load_export
+        from hvdtrain_recipes.image_classification.hf_torch import load_export
 
         return load_export(folder, record["mean"], record["std"])
     from safetensors.torch import load_file
 
     from hvdtrain.torch.images import normalize_inputs
-    from recipes.image_classification.torch_models import build_model
+    from hvdtrain_recipes.image_classification.torch_models import build_model
 
     size = int(record["size"])
     model = build_model(record["model"], int(record["channels"]), (size, size), len(record["labels"]))
@@ -143,7 +143,7 @@ def _torch_model(folder: Path, record: dict):
 
 def _keras_model(folder: Path):
     from hvdtrain.tensorflow.images import NormalizeImages
-    import recipes.image_classification.hf_keras  # noqa: F401  (registers its layers)
+    import hvdtrain_recipes.image_classification.hf_keras  # noqa: F401  (registers its layers)
 
     try:
         import keras_hub  # noqa: F401  (registers the backbones a Hugging Face export refers to)

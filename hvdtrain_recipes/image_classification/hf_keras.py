@@ -1,5 +1,5 @@
 """A Hugging Face image-classification directory in TensorFlow/Keras 3 through keras-hub's
-converters (ViT, DeiT, Swin, DINOv2: :data:`recipes.image_classification.hf_models.KERAS_HUB_POOLING`):
+converters (ViT, DeiT, Swin, DINOv2: :data:`hvdtrain_recipes.image_classification.hf_models.KERAS_HUB_POOLING`):
 the converted backbone, the pooling the Hugging Face classifier uses, and a Dense head named
 ``classifier`` with the same fresh weights the torch model gets."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from recipes.image_classification.hf_models import (HEAD_NAME, HFImageModel, HFModelError, check_keras_supported,
-                                                    head_weights)
+from hvdtrain_recipes.image_classification.hf_models import (HEAD_NAME, HFImageModel, HFModelError,
+                                                             check_keras_supported, head_weights)
 
 PACKAGE = "hvdtrain_image"
 
@@ -73,7 +73,7 @@ def _backbone(hf: HFImageModel):
 
 def load_model(hf: HFImageModel, labels: list[str], seed: int, input_shape: tuple[int, int, int]) -> keras.Model:
     """uint8 ``input_shape`` (H, W, C) -> normalise -> keras-hub backbone -> pooling -> ``classifier``
-    Dense with the head :func:`~recipes.image_classification.hf_models.head_weights` draws."""
+    Dense with the head :func:`~hvdtrain_recipes.image_classification.hf_models.head_weights` draws."""
     pooling = check_keras_supported(hf)
     backbone = _backbone(hf)
     inputs = keras.Input(input_shape, dtype="uint8", name="images")

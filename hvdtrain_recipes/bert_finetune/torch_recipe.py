@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 import hvdtrain
 from hvdtrain.torch import build_optimizer
-from recipes.bert_finetune import common, export, pretrained, torch_stages
-from recipes.bert_finetune.tokenized import TORCH_INPUTS
-from recipes.model_files import from_pretrained
+from hvdtrain_recipes.bert_finetune import common, export, pretrained, torch_stages
+from hvdtrain_recipes.bert_finetune.tokenized import TORCH_INPUTS
+from hvdtrain_recipes.model_files import from_pretrained
 
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
 
@@ -31,7 +31,7 @@ class LogitsOnly(torch.nn.Module):
 
 def load_model(model_dir: Path, labels: list[str], seed: int) -> torch.nn.Module:
     """The pretrained encoder from ``model_dir`` with a fresh head drawn from ``seed`` (see
-    :func:`recipes.bert_finetune.pretrained.head_weights`)."""
+    :func:`hvdtrain_recipes.bert_finetune.pretrained.head_weights`)."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()

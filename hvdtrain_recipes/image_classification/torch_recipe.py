@@ -11,18 +11,18 @@ import hvdtrain
 from hvdtrain.data.normalize import GRAY_MEAN, GRAY_STD, RGB_MEAN, RGB_STD
 from hvdtrain.torch import build_optimizer, decay_groups
 from hvdtrain.torch.images import normalize_inputs
-from recipes.image_classification import export, hf_models
-from recipes.image_classification.common import class_labels, hf_model, load_image_data, model_name
-from recipes.image_classification.torch_models import build_model, pipeline_blocks
+from hvdtrain_recipes.image_classification import export, hf_models
+from hvdtrain_recipes.image_classification.common import class_labels, hf_model, load_image_data, model_name
+from hvdtrain_recipes.image_classification.torch_models import build_model, pipeline_blocks
 
 
 def own_model(config, train, num_classes: int, main: bool = True) -> torch.nn.Module:
     """One of the recipe's models; with ``model.pretrained``, torchvision-layout ResNet weights
-    loaded into it (recipes/image_classification/torchvision_weights.py); ``main`` (rank 0) prints
+    loaded into it (hvdtrain_recipes/image_classification/torchvision_weights.py); ``main`` (rank 0) prints
     what the load noted, such as a head re-initialised for the dataset's classes."""
     model = build_model(model_name(config, train), train.channels, train.image_size, num_classes)
     if config.model.pretrained:
-        from recipes.image_classification.torchvision_weights import load_torchvision_resnet
+        from hvdtrain_recipes.image_classification.torchvision_weights import load_torchvision_resnet
 
         for note in load_torchvision_resnet(model, config.model.pretrained, "torch"):
             if main:
@@ -42,7 +42,7 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
         hf_models.check_input_size(hf, train.policy.size, "torch")
     torch.manual_seed(config.train.seed)  # identical init everywhere; rank 0's weights are broadcast anyway
     if hf is not None:
-        from recipes.image_classification import hf_torch
+        from hvdtrain_recipes.image_classification import hf_torch
 
         model = hf_torch.load_model(hf, labels, config.train.seed)
         blocks, head = None, lambda: list(model.model.classifier.parameters())  # noqa: E731  (fine-tuning controls)

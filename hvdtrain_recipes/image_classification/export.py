@@ -1,5 +1,5 @@
 """The image-classification run's exported model, ``RUN_DIR/model``, written on rank 0 after the
-last epoch; ``hvdtrain predict RUN_DIR IMAGE...`` reads it (:mod:`recipes.image_classification.predict`).
+last epoch; ``hvdtrain predict RUN_DIR IMAGE...`` reads it (:mod:`hvdtrain_recipes.image_classification.predict`).
 
 * torch, Hugging Face model: a ``save_pretrained`` directory (``config.json`` with ``id2label``,
   ``model.safetensors``); torch, the recipe's own model: its state dict as ``model.safetensors``;
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from hvdtrain.core.durable import publish_folder
-from recipes.model_files import export_errors
+from hvdtrain_recipes.model_files import export_errors
 
 EXPORT_DIR = "model"
 RECORD_FILE = "image_model.json"

@@ -11,9 +11,9 @@ import hvdtrain
 from hvdtrain.data.normalize import GRAY_MEAN, GRAY_STD, RGB_MEAN, RGB_STD
 from hvdtrain.tensorflow import build_optimizer, low_rank_variables
 from hvdtrain.tensorflow.images import normalize_inputs
-from recipes.image_classification import export, hf_models
-from recipes.image_classification.common import class_labels, hf_model, load_image_data, model_name
-from recipes.image_classification.keras_models import build_model, pipeline_blocks
+from hvdtrain_recipes.image_classification import export, hf_models
+from hvdtrain_recipes.image_classification.common import class_labels, hf_model, load_image_data, model_name
+from hvdtrain_recipes.image_classification.keras_models import build_model, pipeline_blocks
 
 
 def _loss(logits, labels):
@@ -26,11 +26,11 @@ def _correct(logits, labels):
 
 def own_model(config, train, shape: tuple[int, int, int], num_classes: int, main: bool = True) -> keras.Model:
     """One of the recipe's models; with ``model.pretrained``, torchvision-layout ResNet weights
-    loaded into it (recipes/image_classification/torchvision_weights.py); ``main`` (rank 0) prints
+    loaded into it (hvdtrain_recipes/image_classification/torchvision_weights.py); ``main`` (rank 0) prints
     what the load noted, such as a head re-initialised for the dataset's classes."""
     model = build_model(model_name(config, train), shape, num_classes)
     if config.model.pretrained:
-        from recipes.image_classification.torchvision_weights import load_torchvision_resnet
+        from hvdtrain_recipes.image_classification.torchvision_weights import load_torchvision_resnet
 
         for note in load_torchvision_resnet(model, config.model.pretrained, "tensorflow"):
             if main:
@@ -52,7 +52,7 @@ def build(config: hvdtrain.RunConfig, ctx: hvdtrain.DistContext) -> hvdtrain.Tra
     keras.utils.set_random_seed(config.train.seed)  # identical init everywhere; rank 0's weights are broadcast anyway
     shape = (*train.image_size, train.channels)
     if hf is not None:
-        from recipes.image_classification import hf_keras
+        from hvdtrain_recipes.image_classification import hf_keras
 
         model = hf_keras.load_model(hf, labels, config.train.seed, shape)
         blocks = None

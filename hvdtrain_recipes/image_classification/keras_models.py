@@ -10,7 +10,7 @@ more on the bottom and right); and the torch variant of the ResNet-50 bottleneck
 
 Each ResNet carries ``torchvision_layers``: torchvision's module name of each convolution, batch
 normalisation and the final dense layer (``conv1``, ``layer1.0.bn2``, ``fc``, ...) mapped to the
-Keras layer's name, which is what :mod:`recipes.image_classification.torchvision_weights` loads by.
+Keras layer's name, which is what :mod:`hvdtrain_recipes.image_classification.torchvision_weights` loads by.
 """
 
 from __future__ import annotations

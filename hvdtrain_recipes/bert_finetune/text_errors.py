@@ -1,5 +1,5 @@
 """The error of unusable text data and the column check, shared by the text-file reader
-(:mod:`recipes.bert_finetune.text_data`) and the Parquet/Arrow reader (:mod:`recipes.bert_finetune.table_rows`)."""
+(:mod:`hvdtrain_recipes.bert_finetune.text_data`) and the Parquet/Arrow reader (:mod:`hvdtrain_recipes.bert_finetune.table_rows`)."""
 
 from __future__ import annotations
 

@@ -21,13 +21,13 @@ Models: ``auto`` (default: ``small_cnn`` up to 64 pixels, ``resnet50`` above), `
 ./vit-dir``: torch through transformers' AutoModelForImageClassification, TensorFlow through
 keras-hub for ViT, DeiT, Swin and DINOv2; the checkpoint's size, resize/crop and mean/std replace
 the image defaults unless set; the head is sized to the class folders; see
-``recipes/image_classification/hf_models.py``). After the last epoch rank 0 exports the model to
+``hvdtrain_recipes/image_classification/hf_models.py``). After the last epoch rank 0 exports the model to
 ``OUTPUT/model``; ``hvdtrain predict OUTPUT photo.jpg ...`` classifies image files with it. The ``image`` section (size, transform policy, decoding workers, bad
 files, validation labels) is listed by ``hvdtrain recipe image-classification --keys``.
 """
 
 import hvdtrain
-from recipes.image_classification.config import MOVED_KEYS, ImageConfig
+from hvdtrain_recipes.image_classification.config import MOVED_KEYS, ImageConfig
 
 DEFAULTS = {
     "model": {"name": "auto"},
@@ -49,7 +49,7 @@ hvdtrain.define_recipe(
 
 def _predict(run_dir, files):
     """Predictions of a run's exported model for image files (``hvdtrain predict RUN_DIR IMAGE...``)."""
-    from recipes.image_classification.predict import predict
+    from hvdtrain_recipes.image_classification.predict import predict
 
     return predict(run_dir, files)
 
@@ -57,10 +57,10 @@ def _predict(run_dir, files):
 def bench_model(framework, name, channels, image_size, num_classes):
     """A model for ``hvdtrain bench`` (float inputs in the framework's layout)."""
     if framework == "torch":
-        from recipes.image_classification.torch_models import build_model
+        from hvdtrain_recipes.image_classification.torch_models import build_model
 
         return build_model(name, channels, (image_size, image_size), num_classes)
-    from recipes.image_classification.keras_models import build_model
+    from hvdtrain_recipes.image_classification.keras_models import build_model
 
     return build_model(name, (image_size, image_size, channels), num_classes)
 
@@ -68,7 +68,7 @@ def bench_model(framework, name, channels, image_size, num_classes):
 @hvdtrain.register_recipe("image-classification", framework="torch")
 def build_torch(config, ctx):
     """The torch task (imports torch only when called)."""
-    from recipes.image_classification.torch_recipe import build
+    from hvdtrain_recipes.image_classification.torch_recipe import build
 
     return build(config, ctx)
 
@@ -76,6 +76,6 @@ def build_torch(config, ctx):
 @hvdtrain.register_recipe("image-classification", framework="tensorflow")
 def build_tensorflow(config, ctx):
     """The TensorFlow task (imports TensorFlow only when called)."""
-    from recipes.image_classification.tf_recipe import build
+    from hvdtrain_recipes.image_classification.tf_recipe import build
 
     return build(config, ctx)
