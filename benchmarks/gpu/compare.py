@@ -3,7 +3,8 @@
     python benchmarks/gpu/compare.py RUN_A RUN_B exact      # bitwise: every tensor equal
     python benchmarks/gpu/compare.py RUN_A RUN_B 1e-4       # every tensor within that relative error
 
-Reads each run's last epoch checkpoint (``checkpoints/epoch-*/model.pt``) and ``metrics.jsonl``;
+Reads each run's last epoch checkpoint (``checkpoints/epoch-*/model.pt``, and ``grad_scaler.pt`` under
+fp16: GradScaler's scale and growth tracker must be equal too) and ``metrics.jsonl``;
 exits 1 when they differ beyond what was asked, 2 when a run has no checkpoint.
 """
 
@@ -45,6 +46,10 @@ def main() -> None:
             else:
                 worst = float("inf")
     print(f"{fa} vs {fb}: {len(wa)} tensors, {unequal} not bitwise equal, worst relative error {worst:.3g}")
+    scales = [torch.load(f / "grad_scaler.pt", weights_only=True) if (f / "grad_scaler.pt").exists() else None for f in (fa, fb)]
+    if scales[0] is not None or scales[1] is not None:  # fp16: GradScaler's state as each run saved it
+        print("GradScaler A:", scales[0], "B:", scales[1])
+        unequal += int(scales[0] != scales[1])
     print("metrics A:", last_metrics(a))
     print("metrics B:", last_metrics(b))
     ok = unequal == 0 if mode == "exact" else worst <= float(mode)

@@ -114,11 +114,12 @@ compare() {  # compare NAME A B [exact|TOL]: final weights of two runs (waits fo
   run "$1" 60 "$python" benchmarks/gpu/compare.py "$2" "$3" "${4:-exact}"
 }
 killed_then_resumed() {  # NAME [--set ...]: straight run, a run killed at step $KILL (after a checkpoint), its resume
+  # (FAULT=...: a fault all three runs get, e.g. a NaN loss before the kill)
   local name="$1"; shift
   rm -rf "$work/$name-a" "$work/$name-b"
-  job "${name}_straight" "$work/$name-a" "$@"
-  HVDTRAIN_FAULT=kill:rank=0:step=$KILL job "${name}_killed" "$work/$name-b" "$@"
-  job "${name}_resumed" "$work/$name-b" "$@" --resume
+  HVDTRAIN_FAULT="${FAULT:-}" job "${name}_straight" "$work/$name-a" "$@"
+  HVDTRAIN_FAULT="${FAULT:+$FAULT,}kill:rank=0:step=$KILL" job "${name}_killed" "$work/$name-b" "$@"
+  HVDTRAIN_FAULT="${FAULT:-}" job "${name}_resumed" "$work/$name-b" "$@" --resume
   compare "${name}_bitwise" "$work/$name-a" "$work/$name-b" exact
 }
 base="$work/resume_fp32-a"
@@ -134,6 +135,9 @@ if want checks || want checks_core; then
    done) &
   killed_then_resumed compress_powersgd --set comm.compression=powersgd &
   want checks && (for kind in topk fp16; do killed_then_resumed "compress_$kind" --set comm.compression=$kind; done) &
+  # fp16: a NaN loss at step 2 makes GradScaler skip that update and halve its scale; the run killed
+  # at step $KILL resumes with the scale its checkpoint kept (compare.py prints both runs' scales)
+  want checks && FAULT=nan:rank=0:step=2 killed_then_resumed scaler_overflow --set train.mixed_precision=fp16 &
   want checks && (rm -rf "$work/compiled"; job compiled_default "$work/compiled" --set train.compile=default
    compare compiled_vs_eager "$base" "$work/compiled" 1e-3
    rm -rf "$work/ro"; job compiled_reduce_overhead "$work/ro" --set train.compile=reduce-overhead
