@@ -133,12 +133,19 @@ class TrainConfig:
     """The training loop and its distributed options."""
 
     epochs: int = _f(1, "number of epochs", min=1)
-    batch_size: int = _f(64, "batch size per worker (the global batch is batch_size * world size)", min=1,
+    batch_size: int = _f(64, "batch size per worker, the micro-batch of one forward and backward (the global batch is batch_size * "
+                         "world size * grad_accumulation, unless train.global_batch_size fixes it)", min=1,
                          resume="state")
     seed: int = _f(42, "seed for model init, shuffling and augmentation", min=0, max=2**32 - 1,  # NumPy's limit
                    resume="data")
     grad_accumulation: int = _f(1, "micro-batches whose gradients are summed before one allreduce and "
                                 "update (Horovod's backward_passes_per_step)", min=1, resume="state")
+    global_batch_size: int | None = _f(None, "samples per optimizer update across all workers, the same at any "
+                                       "world size (None: batch_size x workers x grad_accumulation). batch_size is "
+                                       "then the micro-batch a worker computes at once and the accumulation follows: "
+                                       "global_batch_size / (batch_size x workers); a world size that does not "
+                                       "divide global_batch_size / batch_size is refused. Update k takes the same "
+                                       "samples at any world size (docs: guides/world-size)", min=1, resume="data")
     fp16_allreduce: bool = _f(False, "older spelling of comm.compression=fp16 (kept as an alias): gradients travel "
                               "as float16; with comm.compression=powersgd or topk, their factors or values do")
     mixed_precision: str = _f("none", "autocast compute precision", choices=("none", "bf16", "fp16"))

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from hvdtrain.core import early_stop, finetune
+from hvdtrain.core import batching, early_stop, finetune
 from hvdtrain.core.compiled import TORCH_ONLY_MODES, compiling
 from hvdtrain.core.config import ConfigError
 
@@ -271,12 +271,30 @@ def early_stopping_metric(config: Any) -> str | None:
     return early_stop.config_refusal(config)
 
 
+def global_batch_micro_batches(config: Any) -> str | None:
+    """A fixed global batch is cut into whole micro-batches of ``train.batch_size``
+    (:mod:`hvdtrain.core.batching`)."""
+    return batching.config_refusal(config.train)
+
+
+def global_batch_with_elastic(config: Any) -> str | None:
+    """A re-formed elastic job would have to change each worker's accumulation in place; a
+    ``--resume`` on another world size keeps the fixed global batch instead."""
+    g = config.train.global_batch_size
+    if g is not None and config.train.elastic:
+        return (f"train.global_batch_size={g} cannot be combined with train.elastic=true yet: a re-formed job "
+                f"would change each worker's accumulation in place; resume on the new world size with --resume "
+                f"(the same updates continue), or leave train.global_batch_size unset")
+    return None
+
+
 CONFIG_RULES: tuple[Callable[[Any], str | None], ...] = (
     adasum_with_exchange, adasum_with_elastic, adasum_with_update_rewrites, local_sgd_with_compression,
     error_feedback_with_loss_scaling, overlap_with_exchange, elastic_with_tuning, pipeline_with_elastic,
     pipeline_with_exchange, pipeline_with_accumulation, pipeline_with_adasum, pipeline_with_mixed_precision,
     pipeline_micro_batches, early_stopping_metric, pipeline_with_finetune, adasum_with_finetune,
-    sharded_optimizer_with, compile_with_pipeline, compile_mode_with_tensorflow,
+    sharded_optimizer_with, compile_with_pipeline, compile_mode_with_tensorflow, global_batch_micro_batches,
+    global_batch_with_elastic,
 )
 
 
@@ -337,8 +355,17 @@ def cuda_graphs_with_accumulation(config: Any, world: World) -> str | None:
     return None
 
 
+def global_batch_divides_world(config: Any, world: World) -> str | None:
+    """A fixed global batch's micro-batches are shared equally by the data-parallel workers
+    (:func:`hvdtrain.core.batching.global_batch_refusal` names the world sizes that can), and an
+    explicit ``train.grad_accumulation`` must be the one that follows."""
+    replicas = world.size // max(1, config.parallel.pipeline_stages)
+    return batching.global_batch_refusal(config.train, max(1, replicas))
+
+
 WORLD_RULES: tuple[Callable[[Any, World], str | None], ...] = (
-    stages_divide_world, adasum_needs_mpi, fp16_needs_gpu, elastic_with_launcher_tuning, cuda_graphs_with_accumulation,
+    stages_divide_world, global_batch_divides_world, adasum_needs_mpi, fp16_needs_gpu, elastic_with_launcher_tuning,
+    cuda_graphs_with_accumulation,
 )
 
 

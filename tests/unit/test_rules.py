@@ -102,6 +102,10 @@ CONFIG_CASES = [
      ["train.compile=max-autotune", "torch.compile mode", "XLA", "train.compile=default"]),
     (rules.compile_mode_with_tensorflow, ["train.compile=reduce-overhead", "framework=tensorflow"],
      ["train.compile=reduce-overhead", "train.compile=default"]),
+    (rules.global_batch_micro_batches, ["train.global_batch_size=30", "train.batch_size=4"],
+     ["train.global_batch_size=30", "train.batch_size=4"]),
+    (rules.global_batch_with_elastic, ["train.global_batch_size=32", "train.elastic=true"],
+     ["train.global_batch_size=32", "train.elastic=true", "--resume"]),
 ]
 
 WORLD_CASES = [
@@ -118,6 +122,11 @@ WORLD_CASES = [
      rules.World(2, gpu=True), ["train.compile=reduce-overhead", "train.grad_accumulation=2", "CUDA graphs"]),
     (rules.cuda_graphs_with_accumulation, ["train.compile=max-autotune", "train.grad_accumulation=4"],
      rules.World(1, gpu=True), ["train.compile=max-autotune", "train.grad_accumulation=4", "train.compile=default"]),
+    (rules.global_batch_divides_world, ["train.global_batch_size=32", "train.batch_size=4"], rules.World(3),
+     ["train.global_batch_size=32", "3 workers", "launch 1, 2, 4, 8 workers"]),
+    (rules.global_batch_divides_world, ["train.global_batch_size=32", "train.batch_size=4",
+                                        "train.grad_accumulation=2"], rules.World(2),
+     ["train.grad_accumulation=2", "train.global_batch_size=32"]),
 ]
 
 
