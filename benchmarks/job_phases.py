@@ -62,6 +62,7 @@ def rank(prefix: str, cli_args: list[str]) -> None:
     atexit.register(dump)
     import hvdtrain
     import hvdtrain.core.loop as loop
+    import hvdtrain.trainer as trainer
     from hvdtrain.cli import main
     mark("import hvdtrain + its CLI")
 
@@ -99,9 +100,9 @@ def rank(prefix: str, cli_args: list[str]) -> None:
         def on_epoch_end(self, *args, **kwargs):
             mark(f"rest of the epoch ({Probe.steps} steps), evaluation, checkpoint")
 
-    default_callbacks = loop.default_callbacks
+    default_callbacks = trainer.default_callbacks
     loop.load_adapter = probed_adapter
-    loop.default_callbacks = lambda config: [*default_callbacks(config), Probe()]
+    trainer.default_callbacks = lambda config: [*default_callbacks(config), Probe()]
     main(args=cli_args, prog_name="hvdtrain")
 
 

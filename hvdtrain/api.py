@@ -15,7 +15,7 @@ when they were defined in the notebook or in a recipe file), so recipes register
 run too. An exception in a worker stops every worker and is raised here as :class:`WorkerError`
 carrying that worker's traceback.
 
-Network: the job and the workers' results travel through a :class:`~hvdtrain.jobchannel.Channel`
+Network: the job and the workers' results travel through a :class:`~hvdtrain.launch.jobchannel.Channel`
 of this process, bound to the address the workers reach it at (loopback for a job on this machine) and
 authenticated with a random per-job key (HMAC); results and failure reports are JSON data. Not
 through Horovod's function mode (``horovod.runner.run(func)``), whose unauthenticated key-value
@@ -38,12 +38,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hvdtrain import jobchannel
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.config import RunConfig, to_dict
 from hvdtrain.core.errors import type_name
-from hvdtrain.core.loop import RunResult, train
+from hvdtrain.core.loop import RunResult
 from hvdtrain.core.plugins import resolve_recipe_name
+from hvdtrain.launch import jobchannel
+from hvdtrain.trainer import train
 from hvdtrain.core.registry import RecipeSpec, get_recipe, register_spec
 from hvdtrain.core.resolve import load_config
 
@@ -105,7 +106,7 @@ def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: 
     ``ssh_identity_file``: horovodrun's ``-p``/``-i``) and need the same environment and paths;
     ``network_interfaces`` (``"eth0"``) picks the interface(s) Horovod uses between hosts. Before
     any worker starts, every remote host is checked: one that SSH cannot reach, or that has another
-    hvdtrain, Python, framework or Horovod version, raises :class:`~hvdtrain.tools.hosts.HostError`
+    hvdtrain, Python, framework or Horovod version, raises :class:`~hvdtrain.launch.hosts.HostError`
     naming it. Config arguments are those of :func:`resolve_config`. ``callbacks``
     (:class:`hvdtrain.Callback` instances) run in every worker beside hvdtrain's own: they travel
     with the job (pickled by value), so each worker holds its own copy (``on_train_begin``'s
@@ -132,7 +133,7 @@ def run(recipe: str | RecipeSpec | RunConfig, framework: str | None = None, np: 
 
 def _check_hosts(hosts: str, ssh_port: int | None, ssh_identity_file: str | None) -> None:
     """Every remote host reachable over SSH, with this host's versions (else HostError naming it)."""
-    from hvdtrain.tools import hosts as host_checks
+    from hvdtrain.launch import hosts as host_checks
 
     if all(host_checks.is_local(name) for name, _ in host_checks.parse_hosts(hosts)):
         return
@@ -148,7 +149,7 @@ def _launch(config: RunConfig, spec: RecipeSpec, np: int, hosts: str, start_time
             **ssh: Any) -> RunResult:
     """Horovod's launcher over Gloo running :func:`_task_main` on every worker, which fetches the job
     from, and sends its result or failure to, this process's authenticated
-    :class:`~hvdtrain.jobchannel.Channel`.
+    :class:`~hvdtrain.launch.jobchannel.Channel`.
 
     Not Horovod's function mode (``horovod.runner.run(func)``): that mode serves the pickled function
     and reads the pickled results through an unauthenticated key-value store on every interface of

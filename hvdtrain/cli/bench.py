@@ -95,7 +95,7 @@ def bench_command(framework, model, recipe, batch_size, image_size, channels, nu
     """Synthetic training benchmark: a fixed random batch through hvdtrain's adapter (warm-up, then
     timed iterations); prints samples/s per worker (mean and 95% interval) and in total."""
     from hvdtrain.tools.bench import BenchSettings, format_result, format_scaling, run_bench
-    from hvdtrain.core.launch import under_launcher
+    from hvdtrain.launch import under_launcher
 
     try:
         config = load_config(None, config_file, overrides, recipe=recipe, framework=framework, model__name=model,

@@ -10,7 +10,7 @@ import click
 from hvdtrain.core.adapter import FrameworkMissingError
 from hvdtrain.core.checkpoint import CheckpointError
 from hvdtrain.core.config import ConfigError
-from hvdtrain.tools.hosts import HostError
+from hvdtrain.launch.hosts import HostError
 from hvdtrain.core.loop import TrainingError
 from hvdtrain.core.preemption import hold_early_warnings
 from hvdtrain.core.redact import redact_text

@@ -29,7 +29,7 @@ def env_command(hosts, ssh_port, ssh_identity_file, as_json) -> None:
     if not hosts:
         click.echo(environment.describe_environment())
         return
-    from hvdtrain.tools import hosts as host_checks
+    from hvdtrain.launch import hosts as host_checks
 
     try:
         found = host_checks.host_versions(hosts, ssh_port, ssh_identity_file)

@@ -55,7 +55,7 @@ def recipe_command(name, framework, config_file, data, epochs, batch_size, lr, o
                    overrides, show_keys) -> None:
     """Train recipe NAME (see `hvdtrain recipes`), or the recipe in the Python file NAME (my_recipe.py).
     `hvdtrain recipe NAME --keys` lists the recipe's config keys."""
-    from hvdtrain.core.loop import train
+    from hvdtrain.trainer import train
 
     try:
         name = resolve_recipe_name(name)

@@ -15,7 +15,7 @@ def slurm_hosts_command(hostfile) -> None:
     SLURM_JOB_NODELIST (expanded by `scontrol show hostnames` where installed) and
     SLURM_TASKS_PER_NODE.
     """
-    from hvdtrain.core.slurm import SlurmError, allocation_hosts
+    from hvdtrain.launch.slurm import SlurmError, allocation_hosts
 
     try:
         hosts = allocation_hosts()

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.core.config import FRAMEWORKS
-from hvdtrain.core.slurm import check_world_size
 
 
 class FrameworkMissingError(ImportError):
@@ -210,7 +209,6 @@ class FrameworkAdapter(ABC):
         hvd = self.collectives.hvd
         ctx = DistContext(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), mpi=hvd.mpi_enabled(),
                           gpu=self.gpu)
-        check_world_size(ctx.size)  # Slurm started several tasks, but each is a world of 1: named, not trained
         self.ctx = self.pipeline.context(ctx) if self.pipeline is not None else ctx
         return self.ctx
 

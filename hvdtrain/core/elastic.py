@@ -28,7 +28,6 @@ from typing import Any, Callable
 
 from hvdtrain.core import faults, resume
 from hvdtrain.core.rank0 import RankZeroGate
-from hvdtrain.tools.hosts import describe_workers
 
 # A failed collective inside a tf.function surfaces as TensorFlow's UnknownError with one of these
 # in its message, not as Horovod's HorovodInternalError (which Horovod's elastic loop expects).
@@ -115,7 +114,7 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
                 with trainer.watchdog.phase("an elastic join: waiting for every worker, new ones included"):
                     agree_on_start(trainer, state)  # distributed: where the run starts, on every rank
                     adapter.broadcast_state(root_rank=0)  # distributed: new and old workers start from rank 0
-                    where = describe_workers(adapter)  # a joining host with other versions is named here
+                    where = trainer.checks.workers(adapter)  # a joining host with other versions is named here
                     if where:
                         trainer.gate.print(where)
                     state.position, state.history = adapter.broadcast_object((state.position, state.history))

@@ -13,7 +13,9 @@ order. The loop only loops; each concern it drives lives in its own module:
 * when to stop early: :mod:`hvdtrain.core.early_stop`; the validation metrics:
   :mod:`hvdtrain.core.evaluation`; the result, state and totals: :mod:`hvdtrain.core.results`;
 * the watchdog's beats, fault injection, progress lines and the recipe's export: callbacks
-  (:mod:`hvdtrain.core.visibility`), called around each micro-batch.
+  (:mod:`hvdtrain.core.visibility`), called around each micro-batch; what the layers above add
+  (progress bar, trackers, the hosts' versions) comes in as callbacks and
+  :class:`~hvdtrain.core.jobchecks.JobChecks` (:mod:`hvdtrain.trainer` wires the defaults).
 
 Progress is the position in the data, (epoch, samples consumed), which means the same for any
 number of workers: the LR schedule is evaluated at it (:func:`~hvdtrain.core.schedule.schedule_step`)
@@ -39,6 +41,7 @@ from hvdtrain.core.checkpoint import CheckpointManager
 from hvdtrain.core.config import RunConfig, dump_yaml
 from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.errors import TrainingError
+from hvdtrain.core.jobchecks import JobChecks
 from hvdtrain.core.redact import redact_values
 from hvdtrain.core.evaluation import evaluate
 from hvdtrain.core.outputdir import CONFIG_FILE, OutputLock, discard_unfinished
@@ -50,9 +53,8 @@ from hvdtrain.core.results import EpochStats, RunResult, TrainingState, done_lin
 from hvdtrain.core.resume import METRICS_FILE, Position
 from hvdtrain.core.saving import CheckpointPolicy
 from hvdtrain.core.schedule import build_schedule, schedule_step
-from hvdtrain.core.visibility import check_trackers, default_callbacks, run_callbacks
+from hvdtrain.core.visibility import run_callbacks
 from hvdtrain.core.watchdog import StallWatchdog
-from hvdtrain.tools.hosts import describe_workers
 
 # Importable from here as before: hvdtrain.reporting (CONFIG_FILE, METRICS_FILE), the CLI and tests
 # (TrainingError), hvdtrain/__init__.py and hvdtrain.api (RunResult); the others are used here.
@@ -61,13 +63,15 @@ __all__ = ["CONFIG_FILE", "METRICS_FILE", "EpochStats", "RunResult", "Trainer", 
 
 
 class Trainer:
-    """Runs one recipe on one framework with the given config."""
+    """Runs one recipe on one framework with the given config: the kernel, with the ``callbacks``
+    and ``checks`` given and no others (``hvdtrain.Trainer`` adds the default ones)."""
 
     def __init__(self, config: RunConfig, adapter: FrameworkAdapter | None = None,
-                 callbacks: list[Callback] | tuple[Callback, ...] = ()):
+                 callbacks: list[Callback] | tuple[Callback, ...] = (), checks: JobChecks | None = None):
         self.config = config
         self.adapter = adapter or load_adapter(config.framework, config.parallel.pipeline_stages)
-        self.callbacks = CallbackList([*default_callbacks(config), *callbacks])  # TensorBoard, progress bar
+        self.callbacks = CallbackList(list(callbacks))
+        self.checks = checks or JobChecks()
 
     def fit(self) -> RunResult:
         """Train for ``config.train.epochs`` epochs (from the resume point) and return the history."""
@@ -76,7 +80,7 @@ class Trainer:
         rules.check(cfg)  # the rulebook: what reads only the config, before Horovod starts
         ctx = self.ctx = adapter.init(cfg)
         rules.check_job(cfg, ctx)  # ... and what needs the job
-        check_trackers(cfg, adapter, ctx)  # MLflow/W&B reachable from rank 0, or every rank stops here
+        self.checks.started(cfg, adapter, ctx)  # e.g. MLflow/W&B reachable from rank 0, or every rank stops
         self.lock = OutputLock(Path(cfg.output))  # rank 0 takes it when it plans, holds it to the end
         self.fresh_output = False  # set when the agreed start is a new run into an unused output
         try:
@@ -102,7 +106,7 @@ class Trainer:
         if not is_elastic:  # elastic: decided in the elastic state's first sync by whoever is rank 0 then
             with self.watchdog.phase("planning the start: rank 0 verifies the checkpoints' checksums"):
                 plan = resume.agree(adapter, ctx.is_main, lambda: resume.plan_start(cfg, manager, output, self.lock))
-            where = describe_workers(adapter)  # hvdtrain.tools.hosts: same versions on every host
+            where = self.checks.workers(adapter)  # e.g. the same versions on every host
             if where:
                 gate.print(where)
 
@@ -286,7 +290,9 @@ class Trainer:
                 state.commit()  # distributed: may raise to let Horovod add or remove workers here
 
 
-def train(config: RunConfig, callbacks: list[Callback] | tuple[Callback, ...] = ()) -> RunResult:
-    """Run ``config`` in this process (under horovodrun/mpirun, every worker calls this)."""
+def train(config: RunConfig, callbacks: list[Callback] | tuple[Callback, ...] = (),
+          checks: JobChecks | None = None) -> RunResult:
+    """Run ``config`` in this process with these callbacks and checks only (``hvdtrain.train``
+    adds the default ones; under horovodrun/mpirun, every worker calls it)."""
     get_recipe(config.recipe)
-    return Trainer(config, callbacks=callbacks).fit()
+    return Trainer(config, callbacks=callbacks, checks=checks).fit()

@@ -1,10 +1,9 @@
-"""The callbacks every run gets: the experiment trackers of ``log.trackers`` (TensorBoard by
-default; MLflow, W&B) and the progress bar (unless the config turns them off), the
-``train.log_every`` line, the recipe's export, and the watchdog around fault injection.
+"""The callbacks the core gives every run: the ``train.log_every`` line, the recipe's export,
+and the watchdog around fault injection.
 
-:func:`default_callbacks` is what a :class:`~hvdtrain.core.loop.Trainer` adds before the caller's
-callbacks; :func:`run_callbacks` wraps those in the ones a run needs once its watchdog and task
-exist, in the order they run.
+:func:`run_callbacks` wraps the Trainer's callbacks (those the caller gave; ``hvdtrain.Trainer``
+adds the progress bar and the trackers of ``log.trackers``: :mod:`hvdtrain.trainer`) in the ones a
+run needs once its watchdog and task exist, in the order they run.
 """
 
 from __future__ import annotations
@@ -14,32 +13,7 @@ from typing import Any, Callable
 
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.faults import FaultInjection
-from hvdtrain.observability.progress import ProgressBar
-from hvdtrain.observability.tensorboard_log import TensorBoardCallback
-from hvdtrain.observability.trackers import REMOTE_TRACKERS, TrackersCallback, parse_trackers, preflight
 from hvdtrain.core.watchdog import StallWatchdog, WatchdogCallback
-
-
-def default_callbacks(config: Any) -> list[Callback]:
-    """``log.trackers``: ``tensorboard`` -> :class:`TensorBoardCallback` (``train.tensorboard=false``,
-    its older switch, still turns it off), ``mlflow``/``wandb`` -> one :class:`TrackersCallback`;
-    ``train.progress_bar`` -> :class:`ProgressBar`."""
-    callbacks: list[Callback] = []
-    trackers = parse_trackers(config.log.trackers)
-    if "tensorboard" in trackers and config.train.tensorboard:
-        callbacks.append(TensorBoardCallback())
-    if any(name in REMOTE_TRACKERS for name in trackers):
-        callbacks.append(TrackersCallback(config))
-    if config.train.progress_bar:
-        callbacks.append(ProgressBar())
-    return callbacks
-
-
-def check_trackers(config: Any, adapter: Any, ctx: Any) -> None:
-    """Every rank, right after Horovod starts (a collective unless elastic): rank 0 reaches the
-    trackers of ``log.trackers`` (MLflow's server, W&B's login) and all ranks raise the same
-    one-line :class:`~hvdtrain.observability.trackers.TrackerError` if one cannot be used."""
-    preflight(config, adapter, ctx)
 
 
 class StepLog(Callback):

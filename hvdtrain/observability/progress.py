@@ -17,22 +17,15 @@ import time
 from typing import Any, TextIO
 
 from hvdtrain.core.callbacks import Callback
+from hvdtrain.launch.detect import under_launcher
 
 CLEAR_LINE = "\r\x1b[K"
-# Set in each worker by Open MPI (mpirun, horovodrun --mpi or its default), MPICH/Intel MPI, PMIx,
-# horovodrun --gloo and SLURM's srun: a launcher that forwards (and prefixes) the workers' output.
-LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK", "SLURM_PROCID")
-
-
-def under_launcher(environ: dict[str, str] | None = None) -> bool:
-    """True when a launcher started this process and forwards its output."""
-    environ = os.environ if environ is None else environ
-    return any(name in environ for name in LAUNCHER_VARIABLES)
 
 
 def bar_wanted(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
     """Whether to draw on ``stream``: ``HVDTRAIN_PROGRESS_BAR`` 1/0 decides if set; otherwise only
-    on a terminal outside a launcher."""
+    on a terminal outside a launcher (:func:`hvdtrain.launch.detect.under_launcher`: every launcher
+    forwards, and prefixes, its workers' output)."""
     environ = os.environ if environ is None else environ
     forced = environ.get("HVDTRAIN_PROGRESS_BAR", "").strip().lower()
     if forced in ("1", "true", "yes", "always"):

@@ -34,8 +34,7 @@ from hvdtrain.core.compiled import FirstStepClock
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.errors import type_name
-from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
-from hvdtrain.core.launch import prepare_horovod_environment
+from hvdtrain.core.gpipe import GPipe, pipelined
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.tensorflow import compiled
 from hvdtrain.tensorflow.compression import Allreduce, build_exchange, tf_variables
@@ -84,9 +83,7 @@ class TensorFlowAdapter(FrameworkAdapter):
 
     def init(self, config: Any) -> DistContext:
         train_config = config.train
-        prepare_horovod_environment(config)  # comm options become HOROVOD_* variables before init
-        enable_process_sets(config)  # pipeline stages: their process sets are added after init
-        hvd.init()
+        launch.start(hvd, config)  # the launcher's environment, HOROVOD_* from comm, hvd.init(), Slurm's world
         threads = train_config.threads or max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))

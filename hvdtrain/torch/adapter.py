@@ -34,9 +34,9 @@ from hvdtrain.core.compiled import FirstStepClock
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.errors import TrainingError, type_name
-from hvdtrain.core.gpipe import GPipe, enable_process_sets, pipelined
-from hvdtrain.core.launch import prepare_horovod_environment
+from hvdtrain.core.gpipe import GPipe, pipelined
 from hvdtrain.core.rules import fp16_allreduce
+from hvdtrain import launch
 from hvdtrain.torch import compiled
 from hvdtrain.torch.compression import Allreduce, build_exchange
 from hvdtrain.torch.finite import DeferredFiniteCheck
@@ -71,9 +71,7 @@ class TorchAdapter(FrameworkAdapter):
 
     def init(self, config: Any) -> DistContext:
         train_config = config.train
-        prepare_horovod_environment(config)  # comm options become HOROVOD_* variables before init
-        enable_process_sets(config)  # pipeline stages: their process sets are added after init
-        hvd.init()
+        launch.start(hvd, config)  # the launcher's environment, HOROVOD_* from comm, hvd.init(), Slurm's world
         torch.set_num_threads(train_config.threads or default_threads(hvd.local_size()))
         random.seed(train_config.seed)
         np.random.seed(train_config.seed)

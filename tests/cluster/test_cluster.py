@@ -250,7 +250,7 @@ def test_mismatched_and_unreachable_hosts_are_named(cluster):
     cluster.run("pause", cluster.container("h3"))  # TCP still connects, sshd never answers
     try:
         code = ("import hvdtrain\n"
-                "from hvdtrain.tools.hosts import HostError\n"
+                "from hvdtrain.launch.hosts import HostError\n"
                 "try:\n"
                 "    hvdtrain.run('image-classification', framework='torch', np=2, hosts='h1:1,h3:1', ssh_port=2222,\n"
                 "                 output='/shared/runs/unreachable', train__epochs=1)\n"

@@ -35,7 +35,8 @@ def test_names_moved_out_of_the_loop_are_importable_from_it():
     assert (RunResult, TrainingState, EpochStats) == (results.RunResult, results.TrainingState, results.EpochStats)
     assert (CONFIG_FILE, METRICS_FILE, TrainingError) == (outputdir.CONFIG_FILE, resume.METRICS_FILE,
                                                           errors.TrainingError)
-    assert hvdtrain.RunResult is RunResult and hvdtrain.train is train and callable(Trainer.fit)
+    assert hvdtrain.RunResult is RunResult and callable(train) and callable(Trainer.fit)
+    assert issubclass(hvdtrain.Trainer, Trainer)  # the kernel with the default callbacks and checks
 
 
 class DeviceScalar:

@@ -21,7 +21,7 @@ from toyrun import Interrupt, StopAt
 
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.config import ConfigError
-from hvdtrain.core.loop import Trainer
+from hvdtrain.trainer import Trainer
 from hvdtrain.core.optimizer_policy import OptimizerFacts
 from hvdtrain.core.registry import define_recipe, register_recipe, unregister_recipe
 from hvdtrain.core.resolve import load_config

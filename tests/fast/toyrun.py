@@ -11,7 +11,8 @@ from numpy_adapter import DEFAULTS, RECIPE, NumpyAdapter
 
 from hvdtrain.core.callbacks import Callback
 from hvdtrain.core.config import load_config
-from hvdtrain.core.loop import RunResult, Trainer
+from hvdtrain.core.loop import RunResult
+from hvdtrain.trainer import Trainer
 
 # metrics.jsonl fields that measure time, not training: they differ between any two runs
 TIMING_FIELDS = ("samples_per_sec", "epoch_time_sec", "checkpoint_sec")

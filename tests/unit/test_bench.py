@@ -16,7 +16,7 @@ from hvdtrain.core.config import ConfigError
 from hvdtrain.core.resolve import load_config
 from hvdtrain.core import rules
 from hvdtrain.core.comm import horovod_comm_variables, overlap_gradients
-from hvdtrain.core.launch import prepare_horovod_environment
+from hvdtrain.launch import prepare_horovod_environment
 
 from envguard import isolate_environ
 

@@ -251,7 +251,7 @@ def test_labels_csv_not_utf8():
 @example(text="node[5-1]")  # was an empty host list, exit 0
 @example(text="n[]")  # was a traceback
 def test_slurm_node_lists(text):
-    from hvdtrain.core.slurm import MAX_HOSTS, NODE_NAME, SlurmError, hostnames
+    from hvdtrain.launch.slurm import MAX_HOSTS, NODE_NAME, SlurmError, hostnames
 
     try:
         names = hostnames(text, "SLURM_JOB_NODELIST")

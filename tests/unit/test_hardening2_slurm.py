@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from hvdtrain.cli import main
-from hvdtrain.core import slurm
-from hvdtrain.core.slurm import SlurmError, slurm_step
+from hvdtrain.launch import slurm
+from hvdtrain.launch.slurm import SlurmError, slurm_step
 
 pytestmark = pytest.mark.timeout(60)  # the huge list used to run for minutes
 

@@ -1,4 +1,4 @@
-"""hvdtrain.tools.hosts without a cluster: -H parsing, version comparison, the workers line, SSH
+"""hvdtrain.launch.hosts without a cluster: -H parsing, version comparison, the workers line, SSH
 errors naming the host (a name that does not resolve), host names that are not host names.
 (docker/pip_relay.py: tests/unit/test_pip_relay.py.)"""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.tools import hosts
+from hvdtrain.launch import hosts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def test_env_json_and_hosts_on_this_machine():
 def test_gloo_across_hosts_refuses_a_hostname_on_loopback(monkeypatch):
     """Horovod 0.28's Gloo process sets bind to the address of the host's name: a name on 127.x
     across hosts is named before hvd.init() aborts deep in Gloo; one host, or MPI, is not checked."""
-    from hvdtrain.tools import hosts
+    from hvdtrain.launch import hosts
 
     monkeypatch.setattr(hosts.socket, "gethostname", lambda: "node7")
     monkeypatch.setattr(hosts.socket, "gethostbyname", lambda name: "127.0.1.1")

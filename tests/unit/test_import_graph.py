@@ -170,13 +170,12 @@ ENTRY = ("hvdtrain.cli", "hvdtrain.api", "hvdtrain.trainer", "hvdtrain.reporting
 # layer -> what its modules must not import (hvdtrain's packages and third-party ones)
 FORBIDDEN = {
     "hvdtrain.core": ("hvdtrain.launch", "hvdtrain.tools", "hvdtrain.observability", "hvdtrain.data",
-                      "hvdtrain.torch", "hvdtrain.tensorflow", "hvdtrain.jobchannel", *ENTRY, *FRAMEWORKS),
+                      "hvdtrain.torch", "hvdtrain.tensorflow", *ENTRY, *FRAMEWORKS),
     "hvdtrain.launch": ("hvdtrain.observability", "hvdtrain.data", "hvdtrain.torch", "hvdtrain.tensorflow",
                         *ENTRY, *FRAMEWORKS),
     "hvdtrain.data": ("hvdtrain.launch", "hvdtrain.tools", "hvdtrain.observability", "hvdtrain.torch",
                       "hvdtrain.tensorflow", *ENTRY, *FRAMEWORKS),
-    "hvdtrain.observability": ("hvdtrain.launch", "hvdtrain.torch", "hvdtrain.tensorflow", *ENTRY,
-                               *FRAMEWORKS),
+    "hvdtrain.observability": ("hvdtrain.torch", "hvdtrain.tensorflow", *ENTRY, *FRAMEWORKS),
     "hvdtrain.tools": ("hvdtrain.launch", "hvdtrain.observability", *ENTRY),
     "hvdtrain.torch": ("hvdtrain.tensorflow", *ENTRY, "tensorflow", "keras", "tf_keras"),
     "hvdtrain.tensorflow": ("hvdtrain.torch", *ENTRY, "torch", "torchvision"),

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import hvdtrain
-from hvdtrain import api, jobchannel
+from hvdtrain import api
+from hvdtrain.launch import jobchannel
 from hvdtrain.core.loop import RunResult
 
 

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from hvdtrain.core import slurm
-from hvdtrain.core.slurm import SlurmError, SlurmStep, expand_hostlist, expand_tasks_per_node, slurm_step
+from hvdtrain.launch import slurm
+from hvdtrain.launch.slurm import SlurmError, SlurmStep, expand_hostlist, expand_tasks_per_node, slurm_step
 from jobs import REPO, job_env
 
 
@@ -157,7 +157,7 @@ def test_task_zero_serves_the_rendezvous_and_the_others_check_whose_it_is(monkey
 
 TASK = """
 import json, os, sys
-from hvdtrain.core.launch import prepare_horovod_environment
+from hvdtrain.launch import prepare_horovod_environment
 prepare_horovod_environment()
 import horovod.torch as hvd, torch
 hvd.init()

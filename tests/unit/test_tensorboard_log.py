@@ -12,7 +12,7 @@ from pathlib import Path
 from hvdtrain.core.adapter import DistContext
 from hvdtrain.core.resolve import load_config
 from hvdtrain.observability.tensorboard_log import TensorBoardCallback, event_files, read_scalars
-from hvdtrain.core.visibility import default_callbacks
+from hvdtrain.trainer import default_callbacks
 
 STEPS = 4
 

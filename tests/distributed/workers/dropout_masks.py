@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from hvdtrain.api import resolve_config
-from hvdtrain.core.loop import Trainer
+from hvdtrain.trainer import Trainer
 
 FRAMEWORK, OUTPUT, REPORT = sys.argv[1:4]
 config = resolve_config("image-classification", framework=FRAMEWORK, output=OUTPUT, overrides=[

@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from hvdtrain.core.callbacks import Callback
-from hvdtrain.core.loop import Trainer
+from hvdtrain.trainer import Trainer
 from hvdtrain.core.registry import define_recipe, register_recipe
 from hvdtrain.core.resolve import load_config
 from hvdtrain.core.sources import as_source

@@ -1,8 +1,9 @@
-"""How this process was started, and what Horovod needs to run without a launcher.
+"""How this process was started, and what Horovod needs to run: the adapters' one call around
+``hvd.init()`` (:func:`start`).
 
 Under ``horovodrun`` (Gloo or MPI) or ``mpirun`` the launcher sets rank variables and Horovod
 picks its controller itself. A task of a Slurm step (``srun hvdtrain ...``) has only Slurm's:
-:mod:`hvdtrain.core.slurm` forms the Gloo job from them (task 0 runs the rendezvous). A process
+:mod:`hvdtrain.launch.slurm` forms the Gloo job from them (task 0 runs the rendezvous). A process
 started alone has none; Horovod built with MPI would then try an MPI singleton start, which a
 relocated Open MPI (such as PyPI's) cannot do. A lone process therefore runs on Horovod's Gloo
 controller, which needs no rendezvous for one rank.
@@ -17,35 +18,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.core import slurm
 from hvdtrain.core.comm import horovod_comm_variables
 from hvdtrain.core.config import preempt_signal_names
-from hvdtrain.tools.hosts import check_gloo_hostname
-
-LAUNCHER_VARIABLES = (
-    "HOROVOD_RANK",  # horovodrun --gloo
-    "HOROVOD_GLOO_RENDEZVOUS_ADDR",
-    "OMPI_COMM_WORLD_RANK",  # Open MPI (horovodrun --mpi, mpirun)
-    "PMI_RANK",  # MPICH / Intel MPI
-    "PMIX_RANK",
-    "SLURM_PROCID",
-)
-
-
-def under_launcher(environ: dict[str, str] | None = None) -> bool:
-    """True if a launcher (horovodrun, mpirun, srun) started this process."""
-    env = os.environ if environ is None else environ
-    return any(name in env for name in LAUNCHER_VARIABLES)
+from hvdtrain.core.gpipe import enable_process_sets
+from hvdtrain.launch import slurm
+from hvdtrain.launch.detect import under_launcher
+from hvdtrain.launch.hosts import check_gloo_hostname
 
 
 def prepare_horovod_environment(config: Any = None) -> dict[str, str]:
     """Call before ``hvd.init()`` (Horovod reads these variables only then).
 
     A task of a Slurm step becomes a Gloo worker of the step's job
-    (:func:`hvdtrain.core.slurm.prepare_slurm_step`); a process that Slurm's batch script started
-    by itself in a job of several tasks is refused (:func:`hvdtrain.core.slurm.check_batch_process`);
+    (:func:`hvdtrain.launch.slurm.prepare_slurm_step`); a process that Slurm's batch script started
+    by itself in a job of several tasks is refused (:func:`hvdtrain.launch.slurm.check_batch_process`);
     in a Slurm job, a warning signal (``--signal=USR1@...``) that comes while the training loop does
-    not watch for it is ignored (:func:`hvdtrain.core.slurm.ignore_early_and_late_warnings`).
+    not watch for it is ignored (:func:`hvdtrain.launch.slurm.ignore_early_and_late_warnings`).
     A process started alone uses Gloo as a single rank. With a
     :class:`~hvdtrain.core.config.RunConfig`, its ``comm`` section is exported as Horovod's
     variables (the timeline's and autotune log's folders are created). Returns what was set.
@@ -67,3 +55,14 @@ def prepare_horovod_environment(config: Any = None) -> dict[str, str]:
     os.environ.update(env)
     return env
 
+
+def start(hvd: Any, config: Any) -> None:
+    """Start Horovod in this process: the launcher's environment prepared
+    (:func:`prepare_horovod_environment`), pipeline stages' process sets enabled, ``hvd.init()``
+    (``hvd``: the framework's Horovod module), then the world Slurm promised checked (several
+    tasks each in a world of 1 are named, not trained:
+    :func:`hvdtrain.launch.slurm.check_world_size`)."""
+    prepare_horovod_environment(config)  # comm options become HOROVOD_* variables before init
+    enable_process_sets(config)  # pipeline stages: their process sets are added after init
+    hvd.init()
+    slurm.check_world_size(hvd.size())

@@ -38,15 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from hvdtrain.core.errors import TrainingError
+from hvdtrain.launch.detect import launcher
 
 PORT_BASE, PORT_SPAN = 20000, 10000  # the rendezvous port: PORT_BASE + (job * 16 + step % 16) % PORT_SPAN
 PORT_VARIABLE = "HVDTRAIN_SLURM_RENDEZVOUS_PORT"
 TIMEOUT_VARIABLE = "HVDTRAIN_SLURM_RENDEZVOUS_TIMEOUT"  # seconds a task waits for task 0's server (default 300)
-OTHER_LAUNCHERS = (  # variables of launchers that set up the job themselves
-    "HOROVOD_RANK", "HOROVOD_GLOO_RENDEZVOUS_ADDR",  # horovodrun (Gloo)
-    "OMPI_COMM_WORLD_RANK",  # Open MPI's mpirun / horovodrun --mpi
-    "PMI_RANK", "PMIX_RANK",  # MPICH, Intel MPI, srun --mpi=pmi2/pmix
-)
 SCOPE, KEY = "hvdtrain-slurm", "step"  # where task 0's server says whose it is
 
 
@@ -270,7 +266,7 @@ def slurm_step(environ: Mapping[str, str] | None = None) -> SlurmStep | None:
     job (``horovodrun``, ``mpirun``, a PMI-using MPI); else None."""
     env = os.environ if environ is None else environ
     step = _step_id(env)
-    if "SLURM_PROCID" not in env or step is None or any(name in env for name in OTHER_LAUNCHERS):
+    if launcher(env) != "slurm" or step is None:  # another launcher inside the allocation keeps its own
         return None
     if not step.isdigit():  # "batch"/"extern" steps, or Slurm's named special steps
         return None
@@ -312,7 +308,7 @@ def check_batch_process(environ: Mapping[str, str] | None = None) -> None:
     """The singleton trap: a process started by the batch script itself (no ``srun``, no other
     launcher) in a job of several tasks would train alone while the job paid for several ranks."""
     env = os.environ if environ is None else environ
-    if "SLURM_PROCID" not in env or _step_id(env) is not None or any(n in env for n in OTHER_LAUNCHERS):
+    if launcher(env) != "slurm" or _step_id(env) is not None:
         return
     tasks = env.get("SLURM_NTASKS", "1")
     if tasks.isdigit() and int(tasks) > 1:
@@ -481,8 +477,7 @@ def lone_slurm_process(environ: Mapping[str, str] | None = None) -> bool:
     """A process of a one-task Slurm job started by the batch script itself (no launcher): it runs
     as one rank on Gloo, like a process started alone."""
     env = os.environ if environ is None else environ
-    return ("SLURM_PROCID" in env and _step_id(env) is None and not any(n in env for n in OTHER_LAUNCHERS)
-            and env.get("SLURM_NTASKS", "1") in ("", "1"))
+    return launcher(env) == "slurm" and _step_id(env) is None and env.get("SLURM_NTASKS", "1") in ("", "1")
 
 
 def allocation_hosts(environ: Mapping[str, str] | None = None) -> list[tuple[str, int]]:

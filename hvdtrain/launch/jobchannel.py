@@ -21,7 +21,7 @@ def channel_address(hosts: str, network_interfaces: list[str] | None) -> str:
     """The address the job's channel listens on: the one the workers reach this machine at, never
     every interface. Loopback when every host is local; else the IPv4 address of the first of
     ``network_interfaces``, or the address this machine routes to the remote hosts from."""
-    from hvdtrain.tools.hosts import is_local, parse_hosts
+    from hvdtrain.launch.hosts import is_local, parse_hosts
 
     remote = [name.rsplit("@", 1)[-1] for name, _ in parse_hosts(hosts) if not is_local(name)]
     if not remote:
@@ -43,7 +43,7 @@ def channel_address(hosts: str, network_interfaces: list[str] | None) -> str:
                 probe.connect((host, 9))  # no packet is sent: this only picks the route
                 sources.append(probe.getsockname()[0])
         except OSError as e:
-            from hvdtrain.tools.hosts import HostError
+            from hvdtrain.launch.hosts import HostError
 
             raise HostError(f"host {host}: no IPv4 route from this machine to it ({e})") from None
     # a host that is this machine may route over loopback; the others need the outward address
