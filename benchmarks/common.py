@@ -46,7 +46,7 @@ def mnist_arrays(n_train: int, n_val: int = 256, channels_first: bool = True, se
     """``(x_train, y_train, x_val, y_val)``: a seeded subset of real MNIST, normalised like the recipe."""
     import zarr
 
-    from hvdtrain_recipes.image_classification.data import mnist_zarr_path
+    from hvdtrain.data.mnist import mnist_zarr_path
 
     store = zarr.storage.ZipStore(str(mnist_zarr_path()), mode="r")
     group = zarr.open_group(store, mode="r")

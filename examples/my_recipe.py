@@ -14,9 +14,13 @@ A recipe is a name, config defaults and one builder per framework. A builder get
 :class:`hvdtrain.RunConfig` and this worker's :class:`hvdtrain.DistContext` and returns a
 :class:`hvdtrain.TrainTask`: model, optimizer, loss, data and metric sums. Horovod itself
 (broadcast, gradient allreduce, LR scaling, sharding, checkpoints) is the adapter's job, so the
-builder has no distributed lines. The data here is the real MNIST set that
-``image-classification`` embeds (``--data DIR`` takes any ImageFolder tree).
+builder has no distributed lines. The data is the real MNIST set shipped with hvdtrain's ``data``
+extra (``hvdtrain.load_mnist``: NumPy arrays), held in ``hvdtrain.ArrayDataset``; any map-style
+torch ``Dataset`` or Hugging Face ``datasets.Dataset`` works the same way (``hvdtrain.as_source``).
+The example imports nothing but the public API (``hvdtrain.*``).
 """
+
+import numpy as np
 
 import hvdtrain
 
@@ -30,13 +34,17 @@ hvdtrain.define_recipe(
 )
 
 
-def _data(config, ctx, channels_first):
-    """Train and val datasets (NumPy batches), the number of classes and of input features."""
-    from hvdtrain_recipes.image_classification.common import load_datasets
-
-    train, val, num_classes = load_datasets(config, ctx, channels_first=channels_first)
-    height, width = train.image_size
-    return train, val, num_classes, train.channels * height * width
+def _data(config, channels_first):
+    """Train and val datasets (normalised float32 images, int64 labels), the number of classes and of
+    input features. ``data.max_train_samples``/``max_val_samples`` take a seeded subset."""
+    datasets = []
+    for split, limit in (("train", config.data.max_train_samples), ("val", config.data.max_val_samples)):
+        images, labels = hvdtrain.load_mnist(split, limit=limit, seed=config.train.seed)  # uint8 NHWC
+        x = (images.astype(np.float32) / 255.0 - 0.5) / 0.5
+        datasets.append(hvdtrain.ArrayDataset(np.ascontiguousarray(x.transpose(0, 3, 1, 2) if channels_first else x),
+                                              labels))
+    train, val = datasets
+    return train, val, 10, int(np.prod(train.inputs.shape[1:]))
 
 
 @hvdtrain.register_recipe("mnist-mlp", framework="torch")
@@ -47,7 +55,7 @@ def build_torch(config, ctx):
 
     from hvdtrain.torch import build_optimizer
 
-    train, val, num_classes, features = _data(config, ctx, channels_first=True)
+    train, val, num_classes, features = _data(config, channels_first=True)
     torch.manual_seed(config.train.seed)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(features, HIDDEN), torch.nn.ReLU(),
                                 torch.nn.Linear(HIDDEN, num_classes))
@@ -69,9 +77,9 @@ def build_tensorflow(config, ctx):
 
     from hvdtrain.tensorflow import build_optimizer
 
-    train, val, num_classes, features = _data(config, ctx, channels_first=False)
+    train, val, num_classes, features = _data(config, channels_first=False)
     keras.utils.set_random_seed(config.train.seed)
-    model = keras.Sequential([keras.Input((*train.image_size, train.channels)), keras.layers.Flatten(),
+    model = keras.Sequential([keras.Input(train.inputs.shape[1:]), keras.layers.Flatten(),
                               keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(num_classes)])
 
     def loss_fn(logits, labels):

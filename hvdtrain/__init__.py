@@ -37,6 +37,7 @@ _EXPORTS = {
                                "unregister_recipe"],
     "hvdtrain.core.task": ["ArrayDataset", "TrainTask", "accuracy_from_sums"],
     "hvdtrain.core.sources": ["SourceError", "as_source"],
+    "hvdtrain.data.mnist": ["load_mnist"],
     "hvdtrain.api": ["WorkerError", "run"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -6,7 +6,8 @@ import numpy as np
 
 from hvdtrain.data.normalize import normalize_numpy
 from hvdtrain_recipes.image_classification.config import ImageConfig
-from hvdtrain_recipes.image_classification.data import default_workers, embedded_mnist, is_remote, load_image_folder
+from hvdtrain.data.mnist import embedded_mnist
+from hvdtrain_recipes.image_classification.data import default_workers, is_remote, load_image_folder
 from hvdtrain_recipes.image_classification.hf_models import HFImageModel, apply_preprocessing, is_hf_model, resolve
 
 LARGE_IMAGE_MODEL = "resnet50"

