@@ -16,7 +16,6 @@ variable, so it is broadcast and checkpointed with the rest of the optimizer sta
 from __future__ import annotations
 
 import os
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.core import finetune
-from hvdtrain.core.optimizer_policy import FROM_CONFIG, OptimizerFacts, mark_from_config
+from hvdtrain.core.optimizer_policy import FROM_CONFIG, OptimizerFacts
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.comm import overlap_gradients
@@ -37,12 +36,11 @@ from hvdtrain.core.errors import type_name
 from hvdtrain.core.gpipe import GPipe, pipelined
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain.tensorflow import compiled
+from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, load_variables, save_variables
 from hvdtrain.tensorflow.compression import Allreduce, build_exchange, tf_variables
-from hvdtrain.tensorflow.finetune import BackboneControl, LearningRateFactors, head_variables
+from hvdtrain.tensorflow.finetune import BackboneControl, head_variables
 from hvdtrain.tensorflow.sharded import ShardedExchange, ShardedOptimizer
 
-MODEL_FILE = "model_variables.npz"  # every model variable, dropout seed state included
-OPTIMIZER_FILE = "optimizer.npz"  # loss-scale state included (train.mixed_precision=fp16)
 SEED_STRIDE = 1_000_003  # rank r's layer seeds are rank 0's plus r times this
 
 
@@ -438,183 +436,12 @@ class TensorFlowAdapter(FrameworkAdapter):
         if not all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables):
             raise NonFiniteStateError("model parameters are not finite")
         try:
-            _save_variables(Path(directory) / MODEL_FILE, self.model.variables)
-            _save_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
+            save_variables(Path(directory) / MODEL_FILE, self.model.variables)
+            save_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
         finally:
             if self.sharded is not None:
                 self.sharded.release()  # distributed: the slots not saved still come (every rank alike)
 
     def load_state(self, directory: Path) -> None:
-        _load_variables(Path(directory) / MODEL_FILE, self.model.variables)
-        _load_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
-
-
-
-def _save_variables(path: Path, variables: list[Any]) -> None:
-    """Variables in order, as a NumPy .npz (no pickled objects), with their paths for checking:
-    ``np.savez``'s file (``v00000.npy``... then ``paths.npy``, stored, zip64), written one variable
-    at a time, so that one variable's host copy exists at a time (``np.savez`` takes them all at
-    once: a copy of the whole model, or on a sharded run's rank 0 of the whole optimizer state)."""
-    paths = np.asarray([getattr(v, "path", v.name) for v in variables], dtype=np.str_)
-    with open(path, "wb") as f, zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED,
-                                                 allowZip64=True) as archive:
-        for name, value in [*((f"v{i:05d}", v) for i, v in enumerate(variables)), ("paths", paths)]:
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:  # as np.savez writes it
-                np.lib.format.write_array(member, np.asarray(value if name == "paths" else value.numpy()),
-                                          allow_pickle=False)
-
-
-def _variable_path(variable: Any) -> str:
-    return str(getattr(variable, "path", None) or variable.name)
-
-
-def canonical_paths(paths: list[str]) -> list[str]:
-    """Variable paths with Keras's automatic numbering made relative: Keras names layers, seed
-    generators and optimizers ``dense``, ``dense_1``, ... by a per-process counter, so the same
-    model built after another one is ``sequential_1/dense_2/kernel`` (and its momentum
-    ``sgd_1/sequential_1_dense_2_kernel_momentum``). In each path component, every word's numeric
-    suffix (none counts as 0) is replaced by its rank among the suffixes that word carries at that
-    place of components of the same words in ``paths``; a renamed, added, removed or reordered
-    variable still differs."""
-    split = []
-    suffixes: dict[tuple[str, int], set[int]] = {}
-    for path in paths:
-        components = []
-        for component in path.split("/"):
-            words: list[list] = []
-            for part in component.split("_"):
-                if part.isdigit() and words and words[-1][1] is None:
-                    words[-1][1] = int(part)
-                else:
-                    words.append([part, None])
-            base = "_".join(word for word, _ in words)
-            numbered = [(word, (base, i), n or 0) for i, (word, n) in enumerate(words)]
-            for _, key, n in numbered:
-                suffixes.setdefault(key, set()).add(n)
-            components.append(numbered)
-        split.append(components)
-    rank = {key: {n: i for i, n in enumerate(sorted(ns))} for key, ns in suffixes.items()}
-    return ["/".join("_".join(f"{word}#{rank[key][n]}" for word, key, n in component) for component in components)
-            for components in split]
-
-
-def check_paths(path: Path, saved: Any, variables: list[Any]) -> None:
-    """Refuse (ValueError naming the first difference, saved vs now) when the variable paths stored
-    in ``saved`` (an open :func:`_save_variables` file at ``path``) are not ``variables``' paths,
-    beyond Keras's automatic numbering (:func:`canonical_paths`). A file without paths passes."""
-    if "paths" not in saved.files:
-        return
-    saved_paths = [str(p) for p in saved["paths"]]
-    now_paths = [_variable_path(v) for v in variables]
-    for i, (was, now) in enumerate(zip(canonical_paths(saved_paths), canonical_paths(now_paths))):
-        if was != now:
-            raise ValueError(f"{path}: variable {i} was saved as {saved_paths[i]!r}, this model's is "
-                             f"{now_paths[i]!r}: the model or the library changed; refusing to load "
-                             f"the checkpoint by position (nothing was loaded)")
-
-
-def _load_variables(path: Path, variables: list[Any]) -> None:
-    """Assign what :func:`_save_variables` wrote; a count, path or shape mismatch is a clear error
-    (values are stored by position: a variable whose saved path differs from this model's, beyond
-    Keras's automatic numbering, would be loaded into the wrong place)."""
-    with np.load(path, allow_pickle=False) as saved:
-        names = sorted(n for n in saved.files if n != "paths")
-        if len(names) != len(variables):
-            raise ValueError(f"{path} holds {len(names)} variables, this model/optimizer has {len(variables)}")
-        check_paths(path, saved, variables)
-        for name, variable in zip(names, variables):
-            if tuple(saved[name].shape) != tuple(variable.shape):
-                raise ValueError(f"{path}: variable {getattr(variable, 'path', name)} has shape "
-                                 f"{tuple(variable.shape)}, the checkpoint has {tuple(saved[name].shape)}")
-        values = [saved[name] for name in names]
-    for variable, value in zip(variables, values):
-        variable.assign(value)
-
-
-class _CoupledWeightDecay:
-    """L2 weight decay added to the gradient before the update (torch's ``weight_decay`` for SGD
-    and Adam); Keras's own ``weight_decay`` is decoupled. Respects ``exclude_from_weight_decay``."""
-
-    def __init__(self, *args: Any, l2: float = 0.0, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.l2 = l2
-
-    def _backend_update_step(self, grads: list[Any], trainable_variables: list[Any], learning_rate: Any) -> None:
-        if self.l2:
-            # tf.identity: every gradient made in this graph (Keras's all-reduce insists on one graph)
-            grads = [g + tf.cast(self.l2, g.dtype) * tf.cast(tf_variables([v])[0], g.dtype)
-                     if self._use_weight_decay(v) else tf.identity(g) for g, v in zip(grads, trainable_variables)]
-        super()._backend_update_step(grads, trainable_variables, learning_rate)
-
-
-class _TorchSGDStep:
-    """SGD's step as torch computes it: momentum on the gradient with the LR applied to the whole
-    velocity (``v = m v + g; w -= lr v``). Keras folds the LR into the velocity (``v = m v - lr g;
-    w += v``), which differs whenever the LR changes (warmup, decay)."""
-
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        if self.momentum == 0 or self.nesterov:
-            return super().update_step(gradient, variable, learning_rate)
-        velocity = self.momentums[self._get_variable_index(variable)]
-        gradient = tf.cast(gradient, variable.dtype)
-        self.assign(velocity, velocity * tf.cast(self.momentum, variable.dtype) + gradient)
-        self.assign_sub(variable, velocity * tf.cast(learning_rate, variable.dtype))
-
-
-class _TorchAdamStep:
-    """Adam's step as torch computes it: epsilon added after the second moment's bias correction
-    (``lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)``); Keras adds it before, which makes the
-    effective epsilon ``eps / sqrt(1 - b2^t)``, 30 times torch's at the first step."""
-
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        if self.amsgrad:
-            return super().update_step(gradient, variable, learning_rate)
-        dtype = variable.dtype
-        gradient = tf.cast(gradient, dtype)
-        step = tf.cast(self.iterations + 1, dtype)
-        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
-        m = self._momentums[self._get_variable_index(variable)]
-        v = self._velocities[self._get_variable_index(variable)]
-        self.assign_add(m, (gradient - m) * (1 - beta_1))
-        self.assign_add(v, (tf.square(gradient) - v) * (1 - beta_2))
-        denominator = tf.sqrt(v) / tf.sqrt(1 - tf.pow(beta_2, step)) + tf.cast(self.epsilon, dtype)
-        self.assign_sub(variable, tf.cast(learning_rate, dtype) / (1 - tf.pow(beta_1, step)) * m / denominator)
-
-
-class CoupledSGD(LearningRateFactors, _CoupledWeightDecay, _TorchSGDStep, keras.optimizers.SGD):
-    """SGD as torch runs it: coupled weight decay, torch's momentum (:class:`_TorchSGDStep`)."""
-
-
-class CoupledAdam(LearningRateFactors, _CoupledWeightDecay, _TorchAdamStep, keras.optimizers.Adam):
-    """Adam as torch runs it: coupled weight decay, torch's epsilon placement."""
-
-
-class TorchAdamW(LearningRateFactors, _TorchAdamStep, keras.optimizers.AdamW):
-    """AdamW (decoupled weight decay, as in torch) with torch's epsilon placement."""
-
-
-def low_rank_variables(model: Any) -> list[Any]:
-    """Trainable variables of at most one dimension: biases, normalisation scales and shifts."""
-    return [v for v in model.trainable_variables if len(v.shape) <= 1]
-
-
-def build_optimizer(optim_config: Any, exclude_from_weight_decay: list[str] | None = None,
-                    exclude_variables: list[Any] | None = None) -> keras.optimizers.Optimizer:
-    """The Keras optimizer an :class:`~hvdtrain.core.config.OptimConfig` names, marked as built from
-    ``optim.*``: hvdtrain's schedule sets its LR before every update
-    (:mod:`hvdtrain.core.optimizer_policy`). Variables whose names contain a string in ``exclude_from_weight_decay``, and
-    those in ``exclude_variables`` (e.g. :func:`low_rank_variables`), get no weight decay. Weight
-    decay means what it means in torch: coupled L2 for ``sgd`` and ``adam``, decoupled for
-    ``adamw``. Adam and AdamW use torch's epsilon (1e-8) and its placement."""
-    name, lr, wd = optim_config.name, optim_config.lr, optim_config.weight_decay
-    if name == "sgd":
-        opt = CoupledSGD(learning_rate=lr, momentum=optim_config.momentum, l2=wd)
-    elif name == "adam":
-        opt = CoupledAdam(learning_rate=lr, epsilon=1e-8, l2=wd)
-    elif name == "adamw":
-        opt = TorchAdamW(learning_rate=lr, weight_decay=wd, epsilon=1e-8)
-    else:
-        raise ConfigError(f"optim.name: {name!r} is not allowed; choose one of: sgd, adam, adamw")
-    if exclude_from_weight_decay or exclude_variables:
-        opt.exclude_from_weight_decay(var_list=exclude_variables, var_names=exclude_from_weight_decay)
-    return mark_from_config(opt)
+        load_variables(Path(directory) / MODEL_FILE, self.model.variables)
+        load_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.core.task import ArrayDataset, TrainTask
-from hvdtrain.tensorflow.adapter import build_optimizer
+from hvdtrain.tensorflow.optimizers import build_optimizer
 
 DEFAULT_CLASSES = 1000  # ImageNet, as in Horovod's benchmark
 

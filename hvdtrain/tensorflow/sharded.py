@@ -228,8 +228,8 @@ class _StandIn:
 
 class HostValue:
     """A slot of the recipe optimizer as data parallelism's checkpoint holds it: the model variable's
-    shape, its values on rank 0 only while saving or loading (what :func:`_save_variables` and
-    :func:`_load_variables` of the adapter read and assign)."""
+    shape, its values on rank 0 only while saving or loading (what
+    :func:`~hvdtrain.tensorflow.checkpoint.save_variables` and ``load_variables`` read and assign)."""
 
     def __init__(self, path: str, shape: tuple[int, ...]) -> None:
         self.path, self.shape, self.value = path, shape, None

@@ -28,8 +28,8 @@ import tensorflow as tf
 from hvdtrain.core.collectives import broadcast_pickled
 from hvdtrain.core.gpipe import Cut, Placement
 from hvdtrain.core.rules import fp16_allreduce
-from hvdtrain.tensorflow.adapter import (MODEL_FILE, OPTIMIZER_FILE, _as_tensor, _host_tensor, _load_variables,
-                                         _save_variables, check_paths, offset_seed_states)
+from hvdtrain.tensorflow.adapter import _as_tensor, _host_tensor, offset_seed_states
+from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, check_paths, load_variables, save_variables
 from hvdtrain.tensorflow.compression import tf_variables
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -60,7 +60,7 @@ def unpack(payload: tf.Tensor) -> tf.Tensor:
 
 
 class _Saved:
-    """A value with a variable's path, in the shape :func:`_save_variables` reads."""
+    """A value with a variable's path, in the shape :func:`~hvdtrain.tensorflow.checkpoint.save_variables` reads."""
 
     def __init__(self, variable: Any, value: np.ndarray):
         self.path = self.name = getattr(variable, "path", None) or variable.name
@@ -262,7 +262,7 @@ class TensorFlowStage:
     def read_checkpoint(self, directory: Path) -> dict[str, Any]:
         """The model's and the un-cut optimizer's variables as a whole-model state."""
         full = self._full_optimizer()
-        _load_variables(directory / OPTIMIZER_FILE, full.variables)  # checks count and shapes
+        load_variables(directory / OPTIMIZER_FILE, full.variables)  # checks count and shapes
         with np.load(directory / MODEL_FILE, allow_pickle=False) as saved:
             names = sorted(n for n in saved.files if n != "paths")
             if len(names) != len(self.model.variables):
@@ -283,5 +283,5 @@ class TensorFlowStage:
         missing = [v.path for v in full.variables if v.path not in slots]
         if missing:
             raise RuntimeError(f"pipeline checkpoint: no stage holds optimizer variables {missing[:3]}")
-        _save_variables(directory / MODEL_FILE, model_vars)
-        _save_variables(directory / OPTIMIZER_FILE, [_Saved(v, slots[v.path]) for v in full.variables])
+        save_variables(directory / MODEL_FILE, model_vars)
+        save_variables(directory / OPTIMIZER_FILE, [_Saved(v, slots[v.path]) for v in full.variables])

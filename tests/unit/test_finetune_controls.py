@@ -14,7 +14,7 @@ keras = pytest.importorskip("keras")
 from hvdtrain import ConfigError, TrainTask  # noqa: E402
 from hvdtrain.core import finetune  # noqa: E402
 from hvdtrain.core.config import OptimConfig  # noqa: E402
-from hvdtrain.tensorflow import adapter as tf_adapter  # noqa: E402
+from hvdtrain.tensorflow import optimizers as tf_optimizers  # noqa: E402
 from hvdtrain.tensorflow.finetune import BackboneControl as KerasControl, head_variables  # noqa: E402
 from hvdtrain.torch import TorchAdapter, build_optimizer, decay_groups  # noqa: E402
 from hvdtrain.torch.finetune import BackboneControl, head_parameters  # noqa: E402
@@ -134,7 +134,7 @@ def test_keras_backbone_lr_factor_matches_torch_parameter_groups(name):
              for _ in range(3)]
     config = OptimConfig(name=name, lr=0.1, momentum=0.9, weight_decay=0.05)
     head, back = keras.Variable(w_head), keras.Variable(w_back)
-    optimizer = tf_adapter.build_optimizer(config)
+    optimizer = tf_optimizers.build_optimizer(config)
     optimizer.build([head, back])
     optimizer.set_lr_factor([back], 0.3)
     t_head = torch.nn.Parameter(torch.from_numpy(w_head.copy()))

@@ -16,13 +16,13 @@ keras = pytest.importorskip("keras")
 hvd = pytest.importorskip("horovod.tensorflow")
 
 from hvdtrain.tensorflow import sharded  # noqa: E402
-from hvdtrain.tensorflow.adapter import _save_variables  # noqa: E402
+from hvdtrain.tensorflow.checkpoint import save_variables  # noqa: E402
 
 
 def test_the_file_is_what_np_savez_wrote(tmp_path):
     variables = [tf.Variable(np.arange(12, dtype=np.float32).reshape(3, 4), name="kernel"),
                  tf.Variable(np.arange(5), name="count"), tf.Variable(2.5, name="scalar")]
-    _save_variables(tmp_path / "streamed.npz", variables)
+    save_variables(tmp_path / "streamed.npz", variables)
     arrays = {f"v{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
     arrays["paths"] = np.asarray([v.path if hasattr(v, "path") else v.name for v in variables], dtype=np.str_)
     with open(tmp_path / "savez.npz", "wb") as f:

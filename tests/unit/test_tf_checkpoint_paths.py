@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from hvdtrain.tensorflow.adapter import TensorFlowAdapter, canonical_paths  # noqa: E402
+from hvdtrain.tensorflow.adapter import TensorFlowAdapter  # noqa: E402
+from hvdtrain.tensorflow.checkpoint import canonical_paths  # noqa: E402
 
 
 def _adapter(names: tuple[str, str]) -> TensorFlowAdapter:

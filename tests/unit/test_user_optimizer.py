@@ -154,7 +154,7 @@ def test_torch_start_up_step_fires_no_hook(framework_env):
 
 def test_keras_build_optimizer_marks_and_the_adapter_reads_the_task(framework_env):
     keras = pytest.importorskip("keras")
-    from hvdtrain.tensorflow.adapter import TensorFlowAdapter, build_optimizer
+    from hvdtrain.tensorflow import TensorFlowAdapter, build_optimizer
 
     task = type("Task", (), {"optimizer": build_optimizer(config().optim), "scheduler": None})()
     assert TensorFlowAdapter().describe_optimizer(task).from_config

@@ -125,7 +125,7 @@ class TensorFlow:
 
     def saved_keys(self, directory):
         """The variable paths the checkpoint stores (Keras's per-process numbering made relative)."""
-        from hvdtrain.tensorflow.adapter import canonical_paths
+        from hvdtrain.tensorflow.checkpoint import canonical_paths
         with np.load(directory / "model_variables.npz") as saved:
             return canonical_paths([str(p) for p in saved["paths"]])
 

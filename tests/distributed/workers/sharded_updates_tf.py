@@ -52,7 +52,7 @@ def main():
     import tensorflow as tf
 
     from hvdtrain.tensorflow import TensorFlowAdapter, build_optimizer, low_rank_variables, sharded
-    from hvdtrain.tensorflow.adapter import OPTIMIZER_FILE, canonical_paths
+    from hvdtrain.tensorflow.checkpoint import OPTIMIZER_FILE, canonical_paths
 
     sharded.BUCKET_ELEMENTS = BUCKET_ELEMENTS
 
