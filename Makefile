@@ -29,9 +29,10 @@ test: setup
 test-unit: setup
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
-# no horovodrun job: tests/unit plus the Trainer's rules run in-process on a NumPy adapter (tests/fast)
+# no horovodrun job: tests/unit plus the Trainer's rules run in-process on a NumPy adapter (tests/fast),
+# in the same pytest-xdist workers as make test
 test-fast: setup
-	$(PY) -m pytest tests/unit tests/fast -q $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit tests/fast -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # the benchmark suite (about 12 minutes on 2 cores; not part of test): BENCHMARKS.md + benchmarks/benchmarks.png
 bench: setup
