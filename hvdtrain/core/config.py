@@ -133,6 +133,10 @@ class TrainConfig:
     """The training loop and its distributed options."""
 
     epochs: int = _f(1, "number of epochs", min=1)
+    max_steps: int | None = _f(None, "stop after this many optimizer updates (counted across resumes), or when "
+                               "train.epochs end if that comes first; a stop inside an epoch evaluates it and writes "
+                               "checkpoint step-N there, from which a resume with a larger max_steps goes on at the "
+                               "next sample. hvdtrain's LR schedule spans the updates the run takes", min=1)
     batch_size: int = _f(64, "batch size per worker, the micro-batch of one forward and backward (the global batch is batch_size * "
                          "world size * grad_accumulation, unless train.global_batch_size fixes it)", min=1,
                          resume="state")

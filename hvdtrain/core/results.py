@@ -75,6 +75,9 @@ def done_line(config: Any, world_size: int, result: RunResult) -> str:
     final = result.final
     stopped = (final.get("early_stopping") or {}).get("stopped")
     epochs = f"{final['epoch']}/{config.train.epochs} (stopped early)" if stopped else config.train.epochs
+    limit = config.train.max_steps
+    if limit is not None and final.get("step", 0) >= limit:  # train.max_steps ended it
+        epochs = f"{final['epoch']}/{config.train.epochs} steps={final['step']} (train.max_steps)"
     return (f"hvdtrain: done {config.recipe}/{config.framework} np={world_size} epochs={epochs} "
             + " ".join(f"{k}={final[k]:.4f}" for k in final if k.startswith("val_"))
             + (f" samples/s={final['samples_per_sec']:.0f}" if final else "")

@@ -230,15 +230,17 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
 
 
 def read_history(output: Path, checkpoint: CheckpointInfo, notes: list[str]) -> list[dict[str, Any]]:
-    """The ``metrics.jsonl`` rows of the epochs up to ``checkpoint`` (what it had seen); the
+    """The ``metrics.jsonl`` rows of the epochs up to ``checkpoint`` (what it had seen), and the row of
+    the epoch it cut short (``train.max_steps``: an evaluated checkpoint inside an epoch); the
     checkpoint's own epoch row comes from its manifest when the file lost it (torn, or the run was
     killed between the checkpoint and the append). Warnings go to ``notes``."""
     rows, torn = read_metrics(Path(output) / METRICS_FILE)
     if torn:
         notes.append(torn)
     epoch = int(checkpoint.manifest["epoch"])
-    history = [r for r in rows if r.get("epoch", 0) <= epoch]
     record = checkpoint.manifest.get("metrics")
+    cut = record.get("step") if isinstance(record, dict) and checkpoint.consumed else None  # train.max_steps
+    history = [r for r in rows if r.get("epoch", 0) <= epoch or (r.get("epoch") == epoch + 1 and r.get("step") == cut)]
     if epoch and isinstance(record, dict) and record.get("epoch") == epoch and \
             not any(r.get("epoch") == epoch for r in history):
         history.append(record)

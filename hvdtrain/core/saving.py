@@ -61,13 +61,18 @@ class CheckpointPolicy:
         self.save(ctx, f"step-{position.step:08d}", position, stats.totals(), None)
         return True
 
-    def at_epoch_end(self, ctx: Any, position: Position, record: dict[str, Any]) -> Path | None:
+    def at_epoch_end(self, ctx: Any, position: Position, record: dict[str, Any],
+                     totals: dict[str, Any] | None = None) -> Path | None:
         """Write epoch checkpoint ``epoch-<epoch>`` (when ``checkpoint.enabled``) and add its cost to
-        ``record`` as ``checkpoint_sec``; returns its path on rank 0, else None."""
+        ``record`` as ``checkpoint_sec``; returns its path on rank 0, else None. An epoch cut short
+        (``train.max_steps``: ``position`` inside it) is checkpointed as ``step-<step>`` with the
+        epoch's running ``totals``, as a step checkpoint is."""
         if not self.config.checkpoint.enabled:
             return None
         started = time.perf_counter()
-        saved = self.save(ctx, f"epoch-{position.epoch:04d}", position, {"loss_sum": 0.0, "samples": 0}, record)
+        name = f"step-{position.step:08d}" if position.consumed else f"epoch-{position.epoch:04d}"
+        kept = totals if position.consumed and totals is not None else {"loss_sum": 0.0, "samples": 0}
+        saved = self.save(ctx, name, position, kept, record)
         record["checkpoint_sec"] = time.perf_counter() - started  # rank 0: gather + write
         return saved
 

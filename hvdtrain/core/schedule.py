@@ -72,14 +72,15 @@ class LRSchedule:
 
 
 def build_schedule(optim, world_size: int, steps_per_epoch: int, epochs: int,
-                   grad_accumulation: int = 1) -> LRSchedule:
+                   grad_accumulation: int = 1, max_steps: int | None = None) -> LRSchedule:
     """The schedule an :class:`~hvdtrain.core.config.OptimConfig` describes, in optimizer steps of
-    ``world_size`` workers each accumulating ``grad_accumulation`` micro-batches per update."""
+    ``world_size`` workers each accumulating ``grad_accumulation`` micro-batches per update, over
+    ``epochs`` epochs or ``max_steps`` updates (``train.max_steps``), whichever is fewer."""
     return LRSchedule(
         base_lr=optim.lr,
         peak_lr=scale_lr(optim.lr, world_size * grad_accumulation, resolve_scaling(optim.lr_scaling, optim.name)),
         warmup_steps=int(round(optim.warmup_epochs * steps_per_epoch)),
-        total_steps=max(1, steps_per_epoch * epochs),
+        total_steps=max(1, min(steps_per_epoch * epochs, max_steps or steps_per_epoch * epochs)),
         decay=optim.decay,
         min_lr_ratio=optim.min_lr_ratio,
     )
