@@ -49,7 +49,6 @@ def load_recipe_file(path: str | Path) -> list[str]:
         return _loaded_files[file]
     if not file.is_file():
         raise registry.RecipeError(f"recipe file {path} does not exist")
-    registry.load_builtin_recipes()
     load_entry_point_recipes()
     digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
     module_name = f"hvdtrain_user_recipe_{file.stem.replace('-', '_')}_{digest}"

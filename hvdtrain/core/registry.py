@@ -3,19 +3,25 @@
 Recipes register themselves (``@register_recipe("name", framework="torch")``); the CLI and the
 Python API look them up with :func:`get_builder`. A duplicate registration or an unknown name or
 framework is a :class:`RecipeError` naming what is known.
+
+The library names no recipe module: the recipes shipped with hvdtrain (``hvdtrain_recipes``) are
+found like any installed package's, through the ``hvdtrain.recipes`` entry points (declared in
+setup.cfg); a user's own recipe comes from a file the user names (:mod:`hvdtrain.core.plugins`).
+An editable install made before an entry point was declared does not list it: the entry points
+that this checkout's setup.cfg declares are read as well.
 """
 
 from __future__ import annotations
 
-import importlib
+import configparser
 import importlib.metadata
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from hvdtrain.core.config import FRAMEWORKS, Schema
 
-BUILTIN_RECIPE_MODULES = ("hvdtrain_recipes.image_classification", "hvdtrain_recipes.bert_finetune")
 ENTRY_POINT_GROUP = "hvdtrain.recipes"  # installed packages add recipes here (see hvdtrain.core.plugins)
 _entry_points_loaded = False
 _entry_point_errors: dict[str, str] = {}
@@ -53,7 +59,6 @@ class RecipeSpec:
 
 
 _RECIPES: dict[str, RecipeSpec] = {}
-_builtins_loaded = False
 
 
 def define_recipe(name: str, description: str = "", defaults: dict[str, Any] | None = None,
@@ -113,23 +118,32 @@ def unregister_recipe(name: str) -> None:
     _RECIPES.pop(name, None)
 
 
-def load_builtin_recipes() -> None:
-    """Import the recipes shipped with hvdtrain (idempotent)."""
-    global _builtins_loaded
-    if not _builtins_loaded:
-        for module in BUILTIN_RECIPE_MODULES:
-            importlib.import_module(module)
-        _builtins_loaded = True
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    """The ``hvdtrain.recipes`` entry points of the installed distributions, and those this
+    checkout's setup.cfg declares that are not installed (an editable install made before they
+    were declared)."""
+    found = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    setup_cfg = Path(__file__).resolve().parents[2] / "setup.cfg"
+    if setup_cfg.is_file():
+        parser = configparser.ConfigParser()
+        parser.read(setup_cfg)
+        known = {ep.name for ep in found}
+        for line in parser.get("options.entry_points", ENTRY_POINT_GROUP, fallback="").splitlines():
+            name, _, value = (part.strip() for part in line.partition("="))
+            if name and value and name not in known:
+                found.append(importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP))
+    return found
 
 
 def load_entry_point_recipes() -> None:
-    """Import every ``hvdtrain.recipes`` entry point once (see :mod:`hvdtrain.core.plugins`);
-    failures become warnings, and asking for such a recipe repeats the reason."""
+    """Import every ``hvdtrain.recipes`` entry point once (the shipped recipes' too; see
+    :mod:`hvdtrain.core.plugins`); failures become warnings, and asking for such a recipe repeats
+    the reason."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in _entry_points():
         if ep.name in _RECIPES:
             continue
         try:
@@ -149,8 +163,8 @@ def entry_point_error(name: str) -> str | None:
 
 
 def list_recipes() -> dict[str, RecipeSpec]:
-    """All known recipes by name: built-in, from the ``hvdtrain.recipes`` entry points, and registered."""
-    load_builtin_recipes()
+    """All known recipes by name: from the ``hvdtrain.recipes`` entry points (the shipped recipes
+    among them), and registered."""
     load_entry_point_recipes()
     return dict(sorted(_RECIPES.items()))
 
