@@ -42,6 +42,7 @@ class BatchPlan:
     accumulation: int  # micro-batches per worker per update
     world_size: int  # data-parallel workers
     global_batch: int | None = None  # train.global_batch_size, None: per-worker batches
+    summed: bool = False  # bitwise mode: the exchange sums every worker's micro-batch gradients (no average)
 
     @property
     def samples_per_update(self) -> int:
@@ -52,6 +53,12 @@ class BatchPlan:
     def micro_batches(self) -> int:
         """Micro-batches per update over all workers (``M``)."""
         return self.world_size * self.accumulation
+
+    def weight(self, samples: int, window_samples: int) -> float:
+        """The loss weight of a micro-batch of ``samples`` in a window of ``window_samples`` on this
+        worker: its share of the worker's window (the exchange averages the workers), or in bitwise
+        mode its share of the whole update (the exchange sums), the same number at any world size."""
+        return samples / (window_samples * self.world_size) if self.summed else samples / window_samples
 
     def updates_per_epoch(self, num_samples: int, remainder: str) -> int:
         """Optimizer updates in one epoch of ``num_samples`` samples."""
@@ -160,7 +167,8 @@ def plan_for(train: Any, world_size: int) -> BatchPlan:
     if problem:
         raise ConfigError(problem)
     micro = train.global_batch_size // train.batch_size
-    return BatchPlan(train.batch_size, micro // world_size, world_size, train.global_batch_size)
+    summed = getattr(train, "reproducible", "none") == "world-size"
+    return BatchPlan(train.batch_size, micro // world_size, world_size, train.global_batch_size, summed)
 
 
 def as_run(config: Any, world_size: int) -> Any:

@@ -170,6 +170,12 @@ class TrainConfig:
                        "discovery script): survivors of a failed worker continue, returning hosts rejoin")
     elastic_commit_every: int = _f(20, "elastic mode: commit the in-memory state every N optimizer steps "
                                    "(work since the last commit is redone after a failure)", min=1)
+    reproducible: str = _f("none", "'world-size': the weights after every update are bit for bit the same on any "
+                           "world size that divides train.global_batch_size / train.batch_size (needs "
+                           "train.global_batch_size; micro-batches computed alone with fixed threads and "
+                           "deterministic kernels, dropout keyed by update and micro-batch, gradients and BatchNorm "
+                           "statistics summed along one fixed tree; torch only so far; docs: guides/world-size). "
+                           "'none': the usual allreduce", choices=("none", "world-size"))
     deterministic: bool = _f(False, "ask the framework for deterministic kernels (bitwise reproducible runs)")
     compile: str = _f("none", "compile the training step: 'none' runs it eagerly; 'default', 'reduce-overhead' or "
                       "'max-autotune' compile the model's forward and backward with torch.compile in that mode "

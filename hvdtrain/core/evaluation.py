@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvdtrain.core import sharding
+from hvdtrain.core import reproducible, sharding
 from hvdtrain.core.prefetch import prefetch
 
 
@@ -21,9 +21,13 @@ def evaluate(task: Any, adapter: Any, ctx: Any, config: Any, watchdog: Any) -> d
     ``finalize_metrics`` of the summed ``eval_step`` values."""
     data = task.val_data
     adapter.sync_model_buffers()  # distributed: evaluate the model rank 0 saves, on every rank
-    indices = sharding.eval_shard(len(data), ctx.data_rank, ctx.data_size)
+    if reproducible.enabled(config):  # bitwise mode: the same batches at any world size
+        batches = reproducible.eval_batches(len(data), ctx.data_rank, ctx.data_size, config.train.batch_size)
+    else:
+        indices = sharding.eval_shard(len(data), ctx.data_rank, ctx.data_size)
+        batches = sharding.batches(indices, config.train.batch_size)
     sums: dict[str, float] = {}
-    for inputs, targets in prefetch(sharding.batches(indices, config.train.batch_size),
+    for inputs, targets in prefetch(batches,
                                     lambda idx: data.get_batch(idx, -1), config.data.prefetch_batches):
         watchdog.beat(watchdog.step, "evaluating")
         for k, v in adapter.eval_step(inputs, targets).items():

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from hvdtrain.core import batching, early_stop, finetune
+from hvdtrain.core import batching, early_stop, finetune, reproducible
 from hvdtrain.core.compiled import TORCH_ONLY_MODES, compiling
 from hvdtrain.core.config import ConfigError
 
@@ -288,13 +288,21 @@ def global_batch_with_elastic(config: Any) -> str | None:
     return None
 
 
+def reproducible_with(config: Any) -> str | None:
+    """Bitwise mode (``train.reproducible=world-size``, :mod:`hvdtrain.core.reproducible`) needs a
+    fixed global batch and sums every micro-batch's gradient along one fixed tree: what combines
+    gradients another way (compression, Adasum, local SGD, ZeRO, pipeline stages), an elastic
+    re-formation, fp16 loss scaling, overlap and compiled steps do not keep the guarantee."""
+    return reproducible.refusal(config)
+
+
 CONFIG_RULES: tuple[Callable[[Any], str | None], ...] = (
     adasum_with_exchange, adasum_with_elastic, adasum_with_update_rewrites, local_sgd_with_compression,
     error_feedback_with_loss_scaling, overlap_with_exchange, elastic_with_tuning, pipeline_with_elastic,
     pipeline_with_exchange, pipeline_with_accumulation, pipeline_with_adasum, pipeline_with_mixed_precision,
     pipeline_micro_batches, early_stopping_metric, pipeline_with_finetune, adasum_with_finetune,
     sharded_optimizer_with, compile_with_pipeline, compile_mode_with_tensorflow, global_batch_micro_batches,
-    global_batch_with_elastic,
+    global_batch_with_elastic, reproducible_with,
 )
 
 

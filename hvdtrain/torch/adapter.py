@@ -25,7 +25,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdtrain.core import finetune
+from hvdtrain.core import finetune, reproducible
 from hvdtrain.core.optimizer_policy import FROM_CONFIG, OptimizerFacts, mark_from_config
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
@@ -38,6 +38,7 @@ from hvdtrain.core.gpipe import GPipe, pipelined
 from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain import launch
 from hvdtrain.torch import compiled
+from hvdtrain.torch import reproducible as bitwise
 from hvdtrain.torch.compression import Allreduce, build_exchange
 from hvdtrain.torch.finite import DeferredFiniteCheck
 from hvdtrain.torch.finetune import LR_FACTOR, BackboneControl, head_parameters
@@ -118,7 +119,11 @@ class TorchAdapter(FrameworkAdapter):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = self._fine_tuning(task, config)
         plan = comm_plan(config)
-        if config.parallel.shard_optimizer != "none":  # ZeRO-1/2 (hvdtrain.torch.sharded; the rulebook allowed it)
+        if reproducible.enabled(config):  # bitwise mode (hvdtrain.torch.reproducible): one fixed tree, any world size
+            bitwise.enter(config)
+            self.optimizer, self.overlap = optimizer, False
+            self.exchange = bitwise.TreeExchange(self.model, self.params, self.accumulation)
+        elif config.parallel.shard_optimizer != "none":  # ZeRO-1/2 (hvdtrain.torch.sharded; the rulebook allowed it)
             zero2 = config.parallel.shard_optimizer == "gradients"
             self.optimizer = ShardedOptimizer(optimizer, gradients=zero2)
             self.exchange = FlatReduceScatter(self.optimizer, compression) if zero2 else \
@@ -280,7 +285,7 @@ class TorchAdapter(FrameworkAdapter):
 
     def sync_model_buffers(self) -> None:
         buffers = self._running_stats()
-        if not buffers or hvd.size() == 1:
+        if not buffers or hvd.size() == 1 or getattr(self.exchange, "buffers_agree", False):
             return
         averaged = hvd.grouped_allreduce(buffers, op=hvd.Average, name="hvdtrain.sync_buffers")  # distributed
         with torch.no_grad():

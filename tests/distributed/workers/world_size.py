@@ -5,9 +5,10 @@ global batch through the Trainer under real Horovod, at whatever world size it i
 model is a small ResNet-18-like network (a stem and two residual blocks, BatchNorm after every
 convolution, dropout before the classifier) on 8x8 RGB images with a random flip keyed by
 (seed, epoch, sample); ``model.dropout`` in the extra keys is not a config key, so the dropout
-rate is the worker's own argument ``--dropout=P`` (default 0). Rank 0 writes the report: the
-SHA-256 of the model's parameters and buffers after every update, the final parameters, and
-``metrics.jsonl``.
+rate is the worker's own argument ``--dropout=P`` (default 0); ``--stop-at=S`` stops every rank
+before global step S (as if the job died there; its checkpoints stay for a ``--resume``). Rank 0
+writes the report: the SHA-256 of the model's parameters and buffers after every update this run
+took, the final parameters, and ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -63,11 +64,15 @@ def model_fn(dropout: float):
                          nn.Dropout(dropout), nn.Linear(16, CLASSES))
 
 
+class Stop(Exception):
+    """Stands for the job dying (every rank at the same step)."""
+
+
 class Hashes(Callback):
     """The SHA-256 of the model's state after every update."""
 
-    def __init__(self, model) -> None:
-        self.model, self.hashes, self.step = model, [], 0
+    def __init__(self, model, start: int) -> None:
+        self.model, self.hashes, self.step, self.first = model, [], start, start + 1
 
     def on_step_end(self, epoch, step, logs):
         if logs["global_step"] != self.step:
@@ -85,11 +90,13 @@ def main() -> None:
     from hvdtrain.torch.adapter import build_optimizer
 
     report_path, output = Path(sys.argv[1]), Path(sys.argv[2])
-    dropout = 0.0
+    dropout, stop_at = 0.0, None
     extra = []
     for arg in sys.argv[3:]:
         if arg.startswith("--dropout="):
             dropout = float(arg.split("=", 1)[1])
+        elif arg.startswith("--stop-at="):
+            stop_at = int(arg.split("=", 1)[1])
         else:
             extra.append(arg)
     built = {}
@@ -111,18 +118,26 @@ def main() -> None:
     hashes = None
 
     class Late(Callback):  # the model exists once the recipe is built: hash from the first step
-        def on_step_end(self, epoch, step, logs):
+        def on_step_begin(self, epoch, step, logs):
             nonlocal hashes
-            hashes = hashes or Hashes(built["model"])
+            hashes = hashes or Hashes(built["model"], logs["global_step"])  # a resumed run: after its start
+            if logs["global_step"] == stop_at:
+                raise Stop()
+
+        def on_step_end(self, epoch, step, logs):
             hashes.on_step_end(epoch, step, logs)
 
     trainer = Trainer(config, callbacks=[Late()])
-    trainer.fit()
+    try:
+        trainer.fit()
+    except Stop:
+        pass
     if trainer.ctx.rank == 0:
         rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
         report_path.write_text(json.dumps({
             "world_size": trainer.ctx.size, "hashes": hashes.hashes, "metrics": rows,
-            "params": [p.detach().numpy().ravel().tolist() for p in built["model"].parameters()]}))
+            "params": [p.detach().numpy().ravel().tolist() for p in built["model"].parameters()],
+            "hashes_from": hashes.first if hashes else None}))
 
 
 if __name__ == "__main__":
