@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.core import dataset_check, early_stop, elastic, optimizer_policy, resume, rules, sharding, startup
+from hvdtrain.core import dataset_check, early_stop, elastic, optimizer_policy, resume, rules, sharding, startup, step_limit
 from hvdtrain.core.adapter import FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager
@@ -177,7 +177,8 @@ class Trainer:
         micro_steps, opt_steps = self._steps(task)
         policy = getattr(self, "lr_policy", None) or optimizer_policy.LRPolicy("hvdtrain", None, cfg.optim)
         schedule = None if policy.task else build_schedule(
-            policy.optim or cfg.optim, ctx.data_size, opt_steps, cfg.train.epochs, cfg.train.grad_accumulation)
+            policy.optim or cfg.optim, ctx.data_size, opt_steps, cfg.train.epochs, cfg.train.grad_accumulation,
+            cfg.train.max_steps)
         position = state.position
         val_samples = len(task.val_data) if task.val_data is not None else "no"
         gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {len(task.train_data)} train / "
@@ -188,7 +189,7 @@ class Trainer:
                                         "config_ran": optimizer_policy.ran_config(cfg, policy)})
         global_step = position.step
         stopper = early_stop.continue_from(cfg, state.history, gate)  # None when off
-        end = position.epoch if stopper and stopper.stopped else cfg.train.epochs
+        end = step_limit.end_epoch(cfg, position, stopper, gate)  # stopped early, max_steps reached, or train.epochs
         for epoch in range(position.epoch, end):
             started = time.perf_counter()
             resumed_here = epoch == position.epoch and position.consumed > 0
@@ -197,7 +198,7 @@ class Trainer:
                 stats.loss_sum, stats.samples = state.carried["loss_sum"], state.carried["samples"]
             skipped_before = adapter.skipped_updates
             adapter.begin_epoch(epoch)  # fine-tuning: the backbone frozen or not in this epoch
-            self._train_epoch(task, epoch, schedule, stats, position.consumed if resumed_here else 0, state)
+            after = self._train_epoch(task, epoch, schedule, stats, position.consumed if resumed_here else 0, state)
             global_step = stats.global_step
             totals = adapter.allreduce_sums({"loss_sum": stats.loss_sum, "samples": float(stats.samples),
                                              "time": time.perf_counter() - started,
@@ -221,28 +222,26 @@ class Trainer:
             if totals["skipped"]:
                 record["skipped_updates"] = int(totals["skipped"] / ctx.size)
             # every rank holds the same record (allreduced values): every rank decides alike, no collective
-            stop = stopper.update(record) if stopper else False  # before the checkpoint: its manifest keeps it
+            stop = (stopper.update(record) if stopper else False) or step_limit.reached(cfg, stats.global_step)
             state.history.append(record)
-            saved = self.checkpoints.at_epoch_end(ctx, Position(epoch + 1, 0, stats.global_step), record)
+            saved = self.checkpoints.at_epoch_end(ctx, after, record, stats.totals())  # early stop: in its manifest
             state.last_checkpoint = saved or state.last_checkpoint
             gate.append_jsonl(self.output / METRICS_FILE, record)
             self.hooks.on_epoch_end(epoch, record)
             gate.print(epoch_line(record))
-            self.preemption.at_epoch_end(self.checkpoints, ctx, Position(epoch + 1, 0, stats.global_step),
-                                         more_epochs=epoch + 1 < end and not stop)  # its checkpoint: just written
-            state.position, state.carried = Position(epoch + 1, 0, stats.global_step), None
+            self.preemption.at_epoch_end(self.checkpoints, ctx, after, more_epochs=epoch + 1 < end and not stop)
+            state.position, state.carried = after, None
             state.commit()
             if stop:
-                gate.print(f"hvdtrain: early stopping after epoch {epoch + 1} of {cfg.train.epochs}: "
-                           f"{stopper.reason()}")
+                gate.print(step_limit.stop_line(cfg, epoch, stats.global_step, stopper))
                 break
         return RunResult(self.output, state.history, state.last_checkpoint, ctx.size)
 
     def _train_epoch(self, task: Any, epoch: int, schedule: Any, stats: EpochStats, start: int,
-                     state: TrainingState) -> None:
-        """One pass over this rank's shard from position ``start``: per micro-batch, the LR at its
-        position (``schedule``; None: the task's own LR, read back, and its scheduler stepped after
-        each update), the train step, the callbacks, the checkpoint and elastic-commit cadences."""
+                     state: TrainingState) -> Position:
+        """This rank's shard from ``start``, cut at ``train.max_steps``: per micro-batch the LR at its position
+        (``schedule``; None: the task's own, read back, its scheduler stepped per update), the step, the callbacks,
+        the checkpoint and elastic-commit cadences. Returns the position after it (inside the epoch when cut)."""
         cfg, adapter, ctx = self.config, self.adapter, self.ctx
         accum, batch_size = cfg.train.grad_accumulation, cfg.train.batch_size
         samples_per_step = batch_size * ctx.data_size * accum
@@ -250,6 +249,7 @@ class Trainer:
         indices = sharding.train_shard(len(task.train_data), ctx.data_rank, ctx.data_size, epoch, cfg.train.seed,
                                        cfg.data.shuffle, cfg.data.remainder, start=start)
         batch_list = sharding.batches(indices, batch_size)
+        batch_list, cut = step_limit.cut(cfg, batch_list, stats.global_step, accum)
         last = len(batch_list) - 1
         started, seen = time.perf_counter(), 0
         loaded = prefetch(batch_list, lambda idx: task.train_data.get_batch(idx, epoch), cfg.data.prefetch_batches)
@@ -288,6 +288,7 @@ class Trainer:
             if elastic.commit_due(cfg, stats.global_step, apply, checkpointed=saved):
                 state.position, state.carried = position, stats.totals()
                 state.commit()  # distributed: may raise to let Horovod add or remove workers here
+        return position if cut else Position(epoch + 1, 0, stats.global_step)
 
 
 def train(config: RunConfig, callbacks: list[Callback] | tuple[Callback, ...] = (),
