@@ -11,6 +11,9 @@ tests/distributed/workers/user_schedule.py).
   ``TrainTask.scheduler`` (killed and resumed) are the same run: the LR of every update is the
   schedule's at that update, the optimizer counted one iteration per update, same final weights.
 * ``config.yaml`` names the optimizer and schedule that ran, ``metrics.jsonl`` the LR used.
+* ``train.max_steps`` (both frameworks): a run limited to update 11 stops inside epoch 2 with a
+  step-11 checkpoint and that epoch's row; resumed without the limit it goes on at the next sample,
+  with the schedule's LR at every update, and ends with the uninterrupted run's weights, bit for bit.
 """
 
 import json
@@ -36,6 +39,14 @@ def same_weights(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def check_max_steps(r, hand, approx=lambda v: v):
+    assert r["limited"]["logged"] == approx(hand[:STOP]) and r["limited"]["updates"] == STOP
+    assert r["continued"]["logged"] == approx(hand[STOP:]) and r["continued"]["updates"] == UPDATES
+    same_weights(r["continued"]["weights"], r["reference"]["weights"])
+    assert "step-00000011" in r["limited_checkpoints"] and "epoch-0002" in r["limited_checkpoints"]
+    assert r["limited_rows"] == [[1, 8], [2, STOP], [2, UPDATES]]  # the stop's evaluation, then the whole epoch
+
+
 @pytest.mark.distributed
 @pytest.mark.lr_schedule
 def test_torch_onecycle_runs_as_stepped_by_hand_across_a_resume(tmp_path):
@@ -56,6 +67,8 @@ def test_torch_onecycle_runs_as_stepped_by_hand_across_a_resume(tmp_path):
     optim = r["optim"]
     assert optim["ran"] == "torch.optim.adamw.AdamW + torch.optim.lr_scheduler.OneCycleLR"
     assert optim["schedule"] == "task" and "name" not in optim
+    check_max_steps(r, hand)
+    assert r["limited"]["used"] == hand[:STOP] and r["continued"]["used"] == hand[STOP:]
 
 
 @pytest.mark.distributed
@@ -73,3 +86,4 @@ def test_keras_cosine_decay_runs_as_stepped_by_hand_across_a_resume(tmp_path):
     optim = r["optim"]
     assert optim["ran"].startswith("keras.src.optimizers.adamw.AdamW + ") and optim["ran"].endswith("CosineDecay")
     assert optim["schedule"] == "task" and "name" not in optim
+    check_max_steps(r, hand, approx=lambda v: pytest.approx(v, rel=1e-6))

@@ -5,9 +5,10 @@ The data as users have it: a map-style torch Dataset with dict items (torch), a 
 ``datasets.Dataset`` with chosen columns (Keras).
 
 ``python user_schedule.py FRAMEWORK REPORT_JSON OUTPUT_DIR [KEY=VALUE ...]``, under ``horovodrun -np 2``. Three runs in
-this process: ``reference`` (two epochs), ``run`` stopped by an exception at optimizer step
+this process (and two more below): ``reference`` (two epochs), ``run`` stopped by an exception at optimizer step
 :data:`STOP` (as if killed, after the step-:data:`EVERY` checkpoints), then ``run`` again with
-``checkpoint.resume=true`` (torch: and ``zero2``, uninterrupted with ``parallel.shard_optimizer=gradients``). torch: AdamW(lr=1e-3) + OneCycleLR, with an optimizer step pre-hook
+``checkpoint.resume=true`` (torch: and ``zero2``, uninterrupted with ``parallel.shard_optimizer=gradients``);
+``limited`` with ``train.max_steps`` = :data:`STOP`, then ``continued`` from its stop without the limit. torch: AdamW(lr=1e-3) + OneCycleLR, with an optimizer step pre-hook
 that records the LR each real update uses (and shows the start-up step fires no hook). Keras:
 AdamW built with a CosineDecay for the reference, and a plain AdamW with the CosineDecay as
 ``TrainTask.scheduler`` for the interrupted and resumed runs (both ways must be the same run).
@@ -167,7 +168,10 @@ def main() -> None:
               f"checkpoint.every_steps={EVERY}", "checkpoint.keep_last=100", *sys.argv[4:]]  # extra: KEY=VALUE
     rank = 0
     runs = [("reference", "reference", [], None), ("stopped", "run", [], STOP),
-            ("resumed", "run", ["checkpoint.resume=true"], None)]
+            ("resumed", "run", ["checkpoint.resume=true"], None),
+            # train.max_steps: a run that ends at update STOP (inside epoch 2), then goes on without the limit
+            ("limited", "limited", [f"train.max_steps={STOP}"], None),
+            ("continued", "limited", ["checkpoint.resume=true"], None)]
     if framework == "torch":  # ZeRO-2: the scheduler drives the shard optimizer's groups
         runs.append(("zero2", "zero2", ["parallel.shard_optimizer=gradients"], None))
     for name, output, extra, stop in runs:
@@ -189,6 +193,9 @@ def main() -> None:
         report["metrics_lr"] = {out: [json.loads(line)["lr"] for line in (root / out / "metrics.jsonl").read_text()
                                       .splitlines()] for out in ("reference", "run")}
         report["optim"] = yaml.safe_load((run / "config.yaml").read_text())["optim"]
+        report["limited_rows"] = [[row["epoch"], row["step"]] for row in map(
+            json.loads, (root / "limited" / "metrics.jsonl").read_text().splitlines())]
+        report["limited_checkpoints"] = sorted(p.name for p in (root / "limited" / "checkpoints").iterdir())
         report_path.write_text(json.dumps(report))
 
 
