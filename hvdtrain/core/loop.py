@@ -29,12 +29,12 @@ mean while each rank trains on with its own (kept per rank in the checkpoint,
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
 
-from hvdtrain.core import dataset_check, early_stop, elastic, optimizer_policy, resume, rules, sharding, startup, step_limit
+from hvdtrain.core import (batching, dataset_check, early_stop, elastic, optimizer_policy, reproducible, resume, rules,
+                           startup, step_limit)
 from hvdtrain.core.adapter import FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager
@@ -128,7 +128,7 @@ class Trainer:
             gate.print(note)
         adapter.task_lr = self.lr_policy.task
         self.watchdog.beat(0, "preparing the model and optimizer")
-        adapter.prepare(task, cfg)
+        adapter.prepare(task, batching.as_run(cfg, ctx.data_size))  # a fixed global batch: its accumulation
         self.hooks = run_callbacks(cfg, self.watchdog, task.export, output, self.callbacks)
         if is_elastic:
             # Before the elastic loop every step is local: a worker that joins later runs this prelude
@@ -164,10 +164,8 @@ class Trainer:
 
     def _steps(self, task: Any) -> tuple[int, int]:
         """Micro-batches and optimizer steps per epoch at the current world size."""
-        cfg = self.config
-        per_rank = sharding.shard_size(len(task.train_data), self.ctx.data_size, cfg.data.remainder)
-        micro_steps = math.ceil(per_rank / cfg.train.batch_size)
-        return micro_steps, math.ceil(micro_steps / cfg.train.grad_accumulation)
+        return batching.plan_for(self.config.train, self.ctx.data_size).steps(len(task.train_data),
+                                                                             self.config.data.remainder)
 
     def _run_epochs(self, task: Any, state: TrainingState) -> RunResult:
         """The epochs from ``state.position`` on. In elastic mode Horovod calls this again after a
@@ -177,8 +175,8 @@ class Trainer:
         micro_steps, opt_steps = self._steps(task)
         policy = getattr(self, "lr_policy", None) or optimizer_policy.LRPolicy("hvdtrain", None, cfg.optim)
         schedule = None if policy.task else build_schedule(
-            policy.optim or cfg.optim, ctx.data_size, opt_steps, cfg.train.epochs, cfg.train.grad_accumulation,
-            cfg.train.max_steps)
+            policy.optim or cfg.optim, ctx.data_size, opt_steps, cfg.train.epochs,
+            batching.plan_for(cfg.train, ctx.data_size).accumulation, cfg.train.max_steps)
         position = state.position
         val_samples = len(task.val_data) if task.val_data is not None else "no"
         gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {len(task.train_data)} train / "
@@ -243,12 +241,11 @@ class Trainer:
         (``schedule``; None: the task's own, read back, its scheduler stepped per update), the step, the callbacks,
         the checkpoint and elastic-commit cadences. Returns the position after it (inside the epoch when cut)."""
         cfg, adapter, ctx = self.config, self.adapter, self.ctx
-        accum, batch_size = cfg.train.grad_accumulation, cfg.train.batch_size
-        samples_per_step = batch_size * ctx.data_size * accum
+        plan = batching.plan_for(cfg.train, ctx.data_size)  # per worker, or a fixed global batch dealt
+        accum, batch_size, samples_per_step = plan.accumulation, plan.micro_batch, plan.samples_per_update
         steps_per_epoch = self._steps(task)[1]
-        indices = sharding.train_shard(len(task.train_data), ctx.data_rank, ctx.data_size, epoch, cfg.train.seed,
-                                       cfg.data.shuffle, cfg.data.remainder, start=start)
-        batch_list = sharding.batches(indices, batch_size)
+        batch_list = plan.epoch_batches(len(task.train_data), ctx.data_rank, epoch, cfg.train.seed, cfg.data.shuffle,
+                                        cfg.data.remainder, start=start)
         batch_list, cut = step_limit.cut(cfg, batch_list, stats.global_step, accum)
         last = len(batch_list) - 1
         started, seen = time.perf_counter(), 0
@@ -262,10 +259,11 @@ class Trainer:
                     adapter.set_learning_rate(stats.lr)
                 window_samples = sum(len(b) for b in batch_list[i:i + accum])  # a short last window: what it holds
             apply = (i + 1) % accum == 0 or i == last
-            step = {"global_step": stats.global_step, "weight": len(targets) / window_samples}
+            step = {"global_step": stats.global_step, "weight": plan.weight(len(targets), window_samples)}
             self.hooks.on_step_begin(epoch, i, step)  # watchdog, injected faults (NaN: in the weight)
             if schedule is None and i % accum == 0:
                 stats.lr = adapter.learning_rate()  # the task's own LR, as this update uses it
+            reproducible.before_micro_batch(adapter, cfg, plan, ctx.data_rank, stats.global_step, i)  # bitwise mode
             try:
                 loss = adapter.train_step(inputs, targets, apply_update=apply, weight=step["weight"])
             except NonFiniteGradientError as exc:
@@ -275,7 +273,7 @@ class Trainer:
             stats.global_step += int(apply)
             if apply and schedule is None:
                 adapter.step_scheduler()  # the task's own scheduler: once per update
-            stats.loss_sum += loss * len(targets)
+            stats.loss_sum += reproducible.loss_term(cfg, loss, len(targets))  # bitwise mode: in float64
             stats.samples += len(targets)
             seen += len(targets)
             rate = seen * ctx.data_size / (time.perf_counter() - started)
