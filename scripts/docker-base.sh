@@ -26,7 +26,7 @@ fi
 [[ "$(id -u)" == 0 ]] || die "debootstrap needs root to make the base image $image"
 if ! command -v debootstrap >/dev/null; then
   say "installing debootstrap with apt-get"
-  { apt-get update -qq -o DPkg::Lock::Timeout=600 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 debootstrap; } >/dev/null \
+  bash "$(dirname "${BASH_SOURCE[0]}")/apt-install.sh" debootstrap >/dev/null \
     || die "apt-get install debootstrap failed"
 fi
 mirror="${DEBIAN_MIRROR:-}"

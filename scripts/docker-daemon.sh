@@ -26,7 +26,7 @@ if ! engine_up; then
     [[ "$(id -u)" == 0 ]] || die "no Docker engine is running and installing one needs root"
     command -v apt-get >/dev/null || die "no Docker engine is running and apt-get is not available to install docker.io"
     say "installing docker.io with apt-get (about 30 s)"
-    { apt-get update -qq -o DPkg::Lock::Timeout=600 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 docker.io; } >/var/log/hvdtrain-docker-install.log 2>&1 \
+    bash "$(dirname "${BASH_SOURCE[0]}")/apt-install.sh" docker.io >/var/log/hvdtrain-docker-install.log 2>&1 \
       || die "apt-get install docker.io failed (see /var/log/hvdtrain-docker-install.log)"
   fi
   [[ "$(id -u)" == 0 ]] || die "dockerd is installed but not running, and starting it needs root"

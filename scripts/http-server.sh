@@ -20,7 +20,7 @@ if [[ -z "$(nginx_bin)" ]]; then
   [[ "$(id -u)" == 0 ]] || die "nginx is not installed and installing it needs root (apt-get install nginx-light or nginx)"
   command -v apt-get >/dev/null || die "nginx is not installed and apt-get is not available to install it"
   say "installing nginx with apt-get (once)"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx; } \
+  bash "$(dirname "${BASH_SOURCE[0]}")/apt-install.sh" --no-install-recommends nginx \
     >/var/log/hvdtrain-nginx-install.log 2>&1 || die "apt-get install nginx failed (see /var/log/hvdtrain-nginx-install.log)"
   # the package starts its own server on port 80 where a service manager runs; this script needs none
   { command -v service >/dev/null && service nginx stop; } >/dev/null 2>&1 || true
