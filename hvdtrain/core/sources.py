@@ -8,6 +8,9 @@ The loop reads random-access data (:class:`hvdtrain.core.task.Dataset`): ``len()
   recipes' pipelines): used as it is;
 * a Hugging Face ``datasets.Dataset`` (recognised by ``column_names`` and ``with_format``): read a
   batch at a time, chosen columns (:class:`ColumnSource`);
+* a stream, a torch ``IterableDataset`` or an unbatched, finite ``tf.data.Dataset``: read once into
+  memory on every rank, sample ``i`` being its ``i``-th element (:mod:`hvdtrain.core.streams`: what
+  resume means for it, the memory limit);
 * a map-style dataset, ``torch.utils.data.Dataset`` and anything else with ``__len__`` and integer
   ``__getitem__``: items collated into batches the way torch's ``default_collate`` does, nested
   dicts, tuples and lists included, as NumPy (:class:`MapSource`).
@@ -15,9 +18,9 @@ The loop reads random-access data (:class:`hvdtrain.core.task.Dataset`): ``len()
 An item is ``(inputs, target)``, or a mapping of columns with a target column (``label``/``labels``,
 or the one named). Every random-access source keeps the loop's guarantees: the order comes from
 ``(train.seed, epoch)`` and the position in it, so a resume is exact at any world size. Anything
-else is refused when the task is built, in one line naming what is accepted: iterable datasets, a
-``tf.data.Dataset`` (whose ``len()`` counts batches once batched), a generator, a DataLoader (pass
-its ``.dataset``). No framework is imported here: torch tensors become NumPy through ``__array__``.
+else is refused when the task is built, in one line naming what is accepted: a batched
+``tf.data.Dataset`` (whose ``len()`` counts batches: pass it before ``.batch()``), one that never
+ends (``.repeat()``), a generator, a DataLoader (pass its ``.dataset``). No framework is imported here: torch tensors become NumPy through ``__array__``.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from hvdtrain.core import streams
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.errors import type_name
 
 ACCEPTED = ("an object with get_batch(indices, epoch) and len() (hvdtrain.ArrayDataset), a map-style "
-            "torch.utils.data.Dataset (len() and integer indexing), or a Hugging Face datasets.Dataset")
+            "torch.utils.data.Dataset (len() and integer indexing), a Hugging Face datasets.Dataset, or a stream "
+            "read into memory (a torch IterableDataset, an unbatched tf.data.Dataset)")
 TARGET_KEYS = ("label", "labels")
 
 
@@ -40,18 +45,27 @@ class SourceError(ConfigError):
 
 
 
+def _stream(data: Any, field: str) -> tuple[str | None, str | None]:
+    """``(what, refusal)``: ``what`` names a stream :func:`hvdtrain.core.streams.read` reads
+    (a torch ``IterableDataset``, an unbatched, finite ``tf.data.Dataset``), ``refusal`` says why a
+    tf.data pipeline cannot be one; both None for anything else."""
+    if type(data).__module__.startswith("tensorflow") and hasattr(data, "element_spec"):
+        shapes = [getattr(s, "shape", None) for s in _flat(data.element_spec)]
+        if any(shape is not None and shape.rank and shape[0] is None for shape in shapes):
+            return None, (f"TrainTask.{field}: a tf.data.Dataset and batched: its len() counts batches, not samples; "
+                          f"pass it before .batch() (or call .unbatch()): hvdtrain batches with train.batch_size")
+        if int(data.cardinality()) == -1:  # tf.data.INFINITE_CARDINALITY
+            return None, (f"TrainTask.{field}: a tf.data.Dataset that never ends (.repeat()); pass it without "
+                          f".repeat(): hvdtrain makes the epochs (train.epochs, train.max_steps)")
+        return "a tf.data.Dataset", None
+    if "IterableDataset" in {c.__name__ for c in type(data).__mro__}:
+        return type_name(data), None
+    return None, None
+
+
 def _refusal(data: Any, field: str) -> str | None:
     """Why ``data`` cannot be a source, or None."""
-    module = type(data).__module__
     names = {c.__name__ for c in type(data).__mro__}
-    if module.startswith("tensorflow") and hasattr(data, "element_spec"):
-        shapes = [getattr(s, "shape", None) for s in _flat(data.element_spec)]
-        batched = any(shape is not None and shape.rank and shape[0] is None for shape in shapes)
-        why = (" and batched: its len() counts batches, not samples" if batched else
-               ": an iterable pipeline, not random access")
-        return f"TrainTask.{field}: a tf.data.Dataset{why}; accepted: {ACCEPTED}"
-    if "IterableDataset" in names:
-        return f"TrainTask.{field}: {type_name(data)} is an iterable dataset, not random access; accepted: {ACCEPTED}"
     if "DataLoader" in names and hasattr(data, "dataset"):
         return (f"TrainTask.{field}: {type_name(data)} batches and shuffles itself; pass its dataset "
                 f"(loader.dataset): hvdtrain shards, orders and batches it. Accepted: {ACCEPTED}")
@@ -75,6 +89,16 @@ def as_source(data: Any, field: str = "train_data", inputs: Sequence[str] | None
     :class:`SourceError` naming ``TrainTask.<field>`` and what is accepted. ``inputs`` and
     ``target`` choose the columns of mapping items (default: the ``label``/``labels`` column is the
     target, the other columns the inputs)."""
+    what, problem = _stream(data, field)
+    if problem:
+        raise SourceError(f"{problem}. Accepted: {ACCEPTED}")
+    if what:
+        try:
+            return StreamSource(streams.read(data, field, what), field, inputs, target)
+        except SourceError:
+            raise
+        except ConfigError as exc:  # too large, or empty
+            raise SourceError(str(exc)) from None
     problem = _refusal(data, field)
     if problem:
         raise SourceError(problem)
@@ -163,3 +187,13 @@ class ColumnSource:
         """Rows ``indices`` as ``(inputs, targets)``: a dict of NumPy columns and the target column."""
         rows = self.table[[int(i) for i in indices]]
         return _split({k: np.asarray(v) for k, v in rows.items()}, self.field, self.inputs, self.target)
+
+
+class StreamSource(MapSource):
+    """A stream's elements (:func:`hvdtrain.core.streams.read`) in the order it yielded them, read as a
+    map-style source; ``fingerprint()`` hashes their content (the start-up data check compares it
+    across ranks)."""
+
+    def fingerprint(self) -> str:
+        """A content hash of the elements in order."""
+        return streams.fingerprint(self.source)

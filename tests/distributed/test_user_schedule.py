@@ -11,6 +11,8 @@ tests/distributed/workers/user_schedule.py).
   ``TrainTask.scheduler`` (killed and resumed) are the same run: the LR of every update is the
   schedule's at that update, the optimizer counted one iteration per update, same final weights.
 * ``config.yaml`` names the optimizer and schedule that ran, ``metrics.jsonl`` the LR used.
+* Iterable sources: the validation data is a torch ``IterableDataset`` (torch) and an unbatched
+  ``tf.data.Dataset`` (Keras), read into memory on both ranks; every epoch is evaluated on it.
 * ``train.max_steps`` (both frameworks): a run limited to update 11 stops inside epoch 2 with a
   step-11 checkpoint and that epoch's row; resumed without the limit it goes on at the next sample,
   with the schedule's LR at every update, and ends with the uninterrupted run's weights, bit for bit.
@@ -37,6 +39,12 @@ def report(tmp_path, framework):
 def same_weights(a, b):
     for x, y in zip(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def check_sources(r, kinds):
+    for name in ("reference", "resumed", "limited", "continued"):
+        assert r[name]["sources"] == kinds, name
+        assert r[name]["val_loss"] and all(np.isfinite(v) for v in r[name]["val_loss"]), r[name]["val_loss"]
 
 
 def check_max_steps(r, hand, approx=lambda v: v):
@@ -68,6 +76,7 @@ def test_torch_onecycle_runs_as_stepped_by_hand_across_a_resume(tmp_path):
     assert optim["ran"] == "torch.optim.adamw.AdamW + torch.optim.lr_scheduler.OneCycleLR"
     assert optim["schedule"] == "task" and "name" not in optim
     check_max_steps(r, hand)
+    check_sources(r, ["MapSource", "StreamSource"])  # the validation rows: a torch IterableDataset
     assert r["limited"]["used"] == hand[:STOP] and r["continued"]["used"] == hand[STOP:]
 
 
@@ -87,3 +96,4 @@ def test_keras_cosine_decay_runs_as_stepped_by_hand_across_a_resume(tmp_path):
     assert optim["ran"].startswith("keras.src.optimizers.adamw.AdamW + ") and optim["ran"].endswith("CosineDecay")
     assert optim["schedule"] == "task" and "name" not in optim
     check_max_steps(r, hand, approx=lambda v: pytest.approx(v, rel=1e-6))
+    check_sources(r, ["ColumnSource", "StreamSource"])  # the validation rows: an unbatched tf.data pipeline

@@ -118,21 +118,16 @@ def refused(data, *expected):
     return message
 
 
-def test_a_batched_tf_data_is_refused_naming_that_its_length_counts_batches(framework_env):
+def test_a_batched_or_endless_tf_data_is_refused_naming_what_to_pass(framework_env):
     tf = pytest.importorskip("tensorflow")
     rows = tf.data.Dataset.from_tensor_slices((np.zeros((30, 3), np.float32), np.zeros(30, np.int64)))
-    refused(rows.batch(2), "TrainTask.train_data: a tf.data.Dataset and batched: its len() counts batches")
-    refused(rows, "TrainTask.train_data: a tf.data.Dataset: an iterable pipeline, not random access")
+    refused(rows.batch(2), "TrainTask.train_data: a tf.data.Dataset and batched: its len() counts batches",
+            "pass it before .batch() (or call .unbatch())")
+    refused(rows.repeat(), "TrainTask.train_data: a tf.data.Dataset that never ends (.repeat())")
 
 
-def test_iterable_datasets_and_loaders_are_refused_naming_what_is_accepted(framework_env):
+def test_loaders_generators_and_dicts_are_refused_naming_what_is_accepted(framework_env):
     torch = pytest.importorskip("torch")
-
-    class Stream(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            return iter(range(3))
-
-    refused(Stream(), "is an iterable dataset, not random access")
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4)))
     refused(loader, "torch.utils.data.dataloader.DataLoader batches and shuffles itself; pass its dataset")
     refused((i for i in range(3)), "builtins.generator is not a dataset")

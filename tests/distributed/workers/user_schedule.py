@@ -1,8 +1,9 @@
 """Worker for tests/distributed/test_user_schedule.py: the task's own optimizer and LR schedule
 under real Horovod, through the Trainer, uninterrupted and killed-then-resumed, in one job.
 
-The data as users have it: a map-style torch Dataset with dict items (torch), a Hugging Face
-``datasets.Dataset`` with chosen columns (Keras).
+The data as users have it: a map-style torch Dataset with dict items and a torch IterableDataset for
+validation (torch), a Hugging Face ``datasets.Dataset`` with chosen columns and an unbatched
+``tf.data.Dataset`` for validation (Keras).
 
 ``python user_schedule.py FRAMEWORK REPORT_JSON OUTPUT_DIR [KEY=VALUE ...]``, under ``horovodrun -np 2``. Three runs in
 this process (and two more below): ``reference`` (two epochs), ``run`` stopped by an exception at optimizer step
@@ -62,7 +63,8 @@ def arrays() -> tuple[np.ndarray, np.ndarray]:
 
 
 def torch_data() -> tuple[Any, Any]:
-    """A map-style torch Dataset with dict items (``{"features": tensor, "label": int}``)."""
+    """A map-style torch Dataset with dict items (``{"features": tensor, "label": int}``), and the
+    validation rows as a torch IterableDataset of the same items."""
     import torch
 
     class Rows(torch.utils.data.Dataset):
@@ -75,8 +77,15 @@ def torch_data() -> tuple[Any, Any]:
         def __getitem__(self, i):
             return {"features": self.x[i], "label": int(self.y[i])}
 
+    class Stream(torch.utils.data.IterableDataset):  # the validation data as a stream (read into memory)
+        def __init__(self, x, y):
+            self.x, self.y = torch.from_numpy(x), y
+
+        def __iter__(self):
+            return ({"features": self.x[i], "label": int(self.y[i])} for i in range(len(self.y)))
+
     x, y = arrays()
-    return Rows(x[:N], y[:N]), Rows(x[N:], y[N:])
+    return Rows(x[:N], y[:N]), Stream(x[N:], y[N:])
 
 
 def hf_data() -> tuple[Any, Any]:
@@ -108,9 +117,11 @@ def torch_task(seen: dict) -> TrainTask:
     seen["weights"] = lambda: [p.detach().numpy().copy() for p in model.parameters()]
     seen["updates"] = lambda: int(max((s["step"] for s in optimizer.state.values()), default=-1))  # -1: a copy steps
     train, val = torch_data()
-    return TrainTask(model=model, optimizer=optimizer, scheduler=scheduler, loss_fn=F.cross_entropy,
+    seen["sources"] = lambda: [type(task.train_data).__name__, type(task.val_data).__name__]
+    task = TrainTask(model=model, optimizer=optimizer, scheduler=scheduler, loss_fn=F.cross_entropy,
                      train_data=train, val_data=val,
                      metric_sums=lambda out, y: {"correct": (out.argmax(1) == y).sum()})
+    return task
 
 
 def torch_by_hand() -> list[float]:
@@ -137,15 +148,19 @@ def keras_task(seen: dict, as_scheduler: bool) -> TrainTask:
     optimizer = keras.optimizers.AdamW(learning_rate=1e-3 if as_scheduler else schedule)
     seen["weights"] = lambda: [np.array(v.numpy()) for v in model.trainable_variables]
     seen["updates"] = lambda: int(optimizer.iterations.numpy())
-    train, val = (as_source(part, inputs=["features"]) for part in hf_data())  # the text column left out
+    train = as_source(hf_data()[0], inputs=["features"])  # the text column left out
+    x, y = arrays()  # validation: an unbatched tf.data pipeline, read into memory
+    val = tf.data.Dataset.from_tensor_slices(({"features": x[N:]}, y[N:])).map(lambda row, label: (row, label))
 
     def loss_fn(logits, y):
         return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
 
-    return TrainTask(model=model, optimizer=optimizer, scheduler=schedule if as_scheduler else None,
+    task = TrainTask(model=model, optimizer=optimizer, scheduler=schedule if as_scheduler else None,
                      loss_fn=loss_fn, train_data=train, val_data=val,
                      metric_sums=lambda out, y: {"correct": tf.reduce_sum(tf.cast(tf.equal(tf.argmax(out, 1), y),
                                                                                   tf.float32))})
+    seen["sources"] = lambda: [type(task.train_data).__name__, type(task.val_data).__name__]
+    return task
 
 
 def keras_by_hand() -> list[float]:
@@ -186,7 +201,10 @@ def main() -> None:
             pass
         rank = trainer.ctx.rank
         report[name] = {"used": [float(v) for v in seen["used"]], "logged": watch.logged,
-                        "weights": [w.tolist() for w in seen["weights"]()], "updates": seen["updates"]()}
+                        "weights": [w.tolist() for w in seen["weights"]()], "updates": seen["updates"](),
+                        "sources": seen["sources"](), "val_loss": [json.loads(line).get("val_loss") for line in
+                                                                   (root / output / "metrics.jsonl").read_text()
+                                                                   .splitlines()] if rank == 0 else None}
     report["by_hand"] = torch_by_hand() if framework == "torch" else keras_by_hand()  # after TF's set-up
     if rank == 0:
         run = root / "run"
