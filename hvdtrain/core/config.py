@@ -174,7 +174,7 @@ class TrainConfig:
                            "world size that divides train.global_batch_size / train.batch_size (needs "
                            "train.global_batch_size; micro-batches computed alone with fixed threads and "
                            "deterministic kernels, dropout keyed by update and micro-batch, gradients and BatchNorm "
-                           "statistics summed along one fixed tree; torch only so far; docs: guides/world-size). "
+                           "statistics summed along one fixed tree; torch and TensorFlow; docs: guides/world-size). "
                            "'none': the usual allreduce", choices=("none", "world-size"))
     deterministic: bool = _f(False, "ask the framework for deterministic kernels (bitwise reproducible runs)")
     compile: str = _f("none", "compile the training step: 'none' runs it eagerly; 'default', 'reduce-overhead' or "

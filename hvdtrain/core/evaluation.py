@@ -21,7 +21,8 @@ def evaluate(task: Any, adapter: Any, ctx: Any, config: Any, watchdog: Any) -> d
     ``finalize_metrics`` of the summed ``eval_step`` values."""
     data = task.val_data
     adapter.sync_model_buffers()  # distributed: evaluate the model rank 0 saves, on every rank
-    if reproducible.enabled(config):  # bitwise mode: the same batches at any world size
+    exact = reproducible.enabled(config)
+    if exact:  # bitwise mode: the same batches at any world size
         batches = reproducible.eval_batches(len(data), ctx.data_rank, ctx.data_size, config.train.batch_size)
     else:
         indices = sharding.eval_shard(len(data), ctx.data_rank, ctx.data_size)
@@ -31,7 +32,7 @@ def evaluate(task: Any, adapter: Any, ctx: Any, config: Any, watchdog: Any) -> d
                                     lambda idx: data.get_batch(idx, -1), config.data.prefetch_batches):
         watchdog.beat(watchdog.step, "evaluating")
         for k, v in adapter.eval_step(inputs, targets).items():
-            sums[k] = sums.get(k, 0.0) + v
+            sums[k] = sums.get(k, 0.0) + (float(v) if exact else v)  # bitwise mode: in float64
     watchdog.beat(watchdog.step, "waiting in collectives (evaluation metrics)")
     keys = adapter.broadcast_object(sorted(sums) if ctx.is_main else None)
     totals = adapter.allreduce_sums({k: sums.get(k, 0.0) for k in keys})

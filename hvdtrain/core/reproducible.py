@@ -5,13 +5,14 @@ With a fixed global batch (:mod:`hvdtrain.core.batching`) update ``k`` already t
 samples at any world size, cut into the same ``M`` micro-batches. What still depends on the world
 size is arithmetic order and random streams; this module is the framework-neutral plan that takes
 both out, and each framework has one exchange that carries it out (torch:
-:mod:`hvdtrain.torch.reproducible`):
+:mod:`hvdtrain.torch.reproducible`, TensorFlow: :mod:`hvdtrain.tensorflow.reproducible`):
 
 * **the micro-batch is the unit of computation**: each is computed alone (forward, backward), with
   a fixed number of intra-op threads (:func:`threads`: ``train.threads``, else 1) and the
   framework's deterministic kernels;
 * **random draws keyed by (seed, update, micro-batch index)** (:func:`micro_seed`), never by rank:
-  the loop reseeds the framework before each micro-batch (:func:`before_micro_batch`);
+  the loop reseeds the framework, and the exchange the layers' own seed states, before each
+  micro-batch (:func:`before_micro_batch`);
   augmentation is already keyed by (seed, epoch, sample);
 * **gradients combined along one fixed tree** (:func:`tree_sum`) over the ``M`` micro-batches,
   whatever worker computed them: when a worker's block of micro-batches is a node of that tree
@@ -24,7 +25,7 @@ both out, and each framework has one exchange that carries it out (torch:
 * **loss and metrics**: each micro-batch's loss is its own; the epoch sums add float32 values in
   float64 (exact for losses within 2^29 of each other), and validation batches are cut from the
   validation set in order and dealt round-robin (:func:`eval_batches`), the same batches at any
-  world size.
+  world size, their sums added in float64.
 
 What it costs and what it does not cover: docs/guides/world-size.md.
 """
@@ -85,8 +86,9 @@ def before_micro_batch(adapter: Any, config: Any, plan: Any, rank: int, update: 
     if not enabled(config):
         return
     index = rank * plan.accumulation + local % plan.accumulation
-    adapter.exchange.begin_micro_batch()
-    adapter.reseed(micro_seed(config.train.seed, update, index))
+    seed = micro_seed(config.train.seed, update, index)
+    adapter.exchange.begin_micro_batch(seed)
+    adapter.reseed(seed)
 
 
 def loss_term(config: Any, loss: Any, samples: int) -> Any:
@@ -113,7 +115,6 @@ def refusal(config: Any) -> str | None:
     conflicts = (
         (train.global_batch_size is None, "train.global_batch_size unset",
          "only a fixed global batch takes the same samples per update at any world size; set it"),
-        (config.framework != "torch", f"framework={config.framework}", "bitwise mode runs in torch so far"),
         (comm.compression not in (None, "none"), f"comm.compression={comm.compression}",
          "compressed gradients are not summed along the fixed tree"),
         (train.fp16_allreduce, "train.fp16_allreduce=true", "float16 on the wire rounds partial sums"),

@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.core import finetune
+from hvdtrain.core import finetune, reproducible
 from hvdtrain.core.optimizer_policy import FROM_CONFIG, OptimizerFacts
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
@@ -35,7 +35,9 @@ from hvdtrain.core.config import ConfigError
 from hvdtrain.core.errors import type_name
 from hvdtrain.core.gpipe import GPipe, pipelined
 from hvdtrain.core.rules import fp16_allreduce
+from hvdtrain import launch
 from hvdtrain.tensorflow import compiled
+from hvdtrain.tensorflow import reproducible as bitwise
 from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, load_variables, save_variables
 from hvdtrain.tensorflow.compression import Allreduce, build_exchange, tf_variables
 from hvdtrain.tensorflow.finetune import BackboneControl, head_variables
@@ -85,6 +87,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         threads = train_config.threads or max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+        if reproducible.enabled(config):  # bitwise mode: fixed threads, deterministic ops
+            bitwise.enter(config)
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
             tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
@@ -139,12 +143,14 @@ class TensorFlowAdapter(FrameworkAdapter):
             self.sharded = ShardedOptimizer(self.inner_optimizer, self.optimizer, self.trainable,
                                             config.parallel.shard_optimizer)
         self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tf_variables(self.trainable)] \
-            if self.accumulation > 1 else []
+            if self.accumulation > 1 and not reproducible.enabled(config) else []
         # The gradient exchange (hvdtrain.core.exchange) the step calls between the tape's gradients
         # and the update: Horovod's allreduce (what DistributedGradientTape runs; after accumulation
         # one fused allreduce), or hvdtrain's PowerSGD, top-k or local SGD.
         plan = comm_plan(config)
-        if self.sharded is not None:
+        if reproducible.enabled(config):  # bitwise mode (hvdtrain.tensorflow.reproducible): one fixed tree
+            self.exchange, self.overlap = bitwise.TreeExchange(self, self.accumulation), False
+        elif self.sharded is not None:
             self.exchange = ShardedExchange(self.sharded, self.trainable, self.compression)
             self.overlap = False  # the flat gradients are reduced once per update
         elif plan is None:
@@ -351,7 +357,7 @@ class TensorFlowAdapter(FrameworkAdapter):
         stats = self.buffers  # a frozen backbone's statistics are equal everywhere and stay as they are
         if self._frozen:
             stats = [v for v in stats if id(v) not in self.control.frozen_stats]
-        if not stats or hvd.size() == 1:
+        if not stats or hvd.size() == 1 or getattr(self.exchange, "buffers_agree", False):
             return
         averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in stats], op=hvd.Average,  # distributed
                                          name=self._name("sync_buffers"))
@@ -389,6 +395,9 @@ class TensorFlowAdapter(FrameworkAdapter):
         return self.sharded.checkpoint_variables() if checkpoint else self.sharded.variables()
 
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> Any:
+        if isinstance(self.exchange, bitwise.TreeExchange):  # bitwise mode: the exchange runs each micro-batch
+            return self.exchange.train_step(_as_tensor(inputs), tf.convert_to_tensor(targets), apply_update,
+                                            1.0 / self.accumulation if weight is None else weight)
         train_apply, train_accumulate = self._step_functions()
         step = train_apply if apply_update or not self.accumulators else train_accumulate
         weight = tf.constant(1.0 / self.accumulation if weight is None else weight, dtype=tf.float32)

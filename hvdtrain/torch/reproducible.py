@@ -43,8 +43,9 @@ class TreeExchange(Stateless):
         self.start: list[torch.Tensor] | None = None  # the buffers when the update began
         self.pending = False  # a micro-batch ran since the last row was taken
 
-    def begin_micro_batch(self) -> None:
-        """A micro-batch is about to run: keep the previous one's row, reset the running statistics."""
+    def begin_micro_batch(self, seed: int) -> None:
+        """A micro-batch is about to run: keep the previous one's row, reset the running statistics
+        (``seed``: the loop reseeds torch with it, which is all torch's dropout reads)."""
         if self.start is None:
             self.start = [b.detach().clone() for b in (*self.buffers, *self.counters)]
         self._take_row()

@@ -17,8 +17,12 @@ by (epoch, sample), ``train.global_batch_size=16`` in micro-batches of 4, 2 epoc
   world size. Without bitwise mode the same runs differ in the last bits (the 1.2e-7 above), so
   the hashes are a witness that can fail.
 
-One launch per run, shared by every assertion through a module-scoped fixture (five launches, the
-4-worker one with tiny work per rank).
+* **bitwise mode in TensorFlow**: the same network in Keras, 6 updates on 1 and on 4 workers (4
+  workers accumulate 2 micro-batches each, 1 worker 8): equal hashes after every update and equal
+  metrics lines.
+
+One launch per run, shared by every assertion through a module-scoped fixture (seven launches, the
+4-worker ones with tiny work per rank).
 """
 
 import json
@@ -52,6 +56,9 @@ def runs(tmp_path_factory):
     saving = [*BITWISE, "checkpoint.enabled=true"]
     found["bitwise", 4] = launch(root, "bitwise4", 4, [*saving, "--stop-at=6"], output="elastic")
     found["bitwise", 2] = launch(root, "bitwise2", 2, [*saving, "checkpoint.resume=true"], output="elastic")
+    for n in (1, 4):
+        found["tensorflow", n] = launch(root, f"tensorflow{n}", n, [*BITWISE, "train.epochs=1",
+                                                                    "framework=tensorflow"])
     return found
 
 
@@ -86,3 +93,13 @@ def test_bitwise_mode_gives_the_same_weights_and_metrics_on_1_4_then_2_workers(r
     assert [r["world_size"] for r in two["metrics"]] == [4, 2]  # the world size of each range of updates
     # the plain fixed global batch differs from 1 to 2 workers in the last bits: the hashes can fail
     assert runs["fixed", 1]["hashes"] != runs["fixed", 2]["hashes"]
+
+
+@pytest.mark.distributed
+def test_bitwise_mode_in_tensorflow_gives_the_same_weights_and_metrics_on_1_and_4_workers(runs):
+    one, four = runs["tensorflow", 1], runs["tensorflow", 4]
+    assert (one["world_size"], four["world_size"]) == (1, 4)
+    assert len(one["hashes"]) == 6 and len(set(one["hashes"])) == 6
+    assert four["hashes"] == one["hashes"]
+    assert [{k: v for k, v in row.items() if k not in TIMINGS} for row in four["metrics"]] == \
+        [{k: v for k, v in row.items() if k not in TIMINGS} for row in one["metrics"]]

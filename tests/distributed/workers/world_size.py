@@ -37,9 +37,31 @@ def images(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def flip(x, y, indices, epoch):
-    """A horizontal flip keyed by (epoch, sample): the same at any world size."""
+    """A horizontal flip keyed by (epoch, sample): the same at any world size (NCHW or NHWC: the
+    width is the last axis but for a 3-channel last axis)."""
     coins = np.array([np.random.default_rng([7, epoch, int(i)]).random() < 0.5 for i in indices])
-    return np.where(coins[:, None, None, None], x[..., ::-1], x).copy(), y
+    flipped = x[..., ::-1] if x.shape[-1] != 3 else x[:, :, ::-1]
+    return np.where(coins[:, None, None, None], flipped, x).copy(), y
+
+
+def keras_model(dropout: float):
+    """The same network in Keras (channels last)."""
+    import keras
+    from keras import layers
+
+    def block(x, cout, stride):
+        out = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(cout, 3, stride, "same", use_bias=False)(x)))
+        out = layers.BatchNormalization()(layers.Conv2D(cout, 3, 1, "same", use_bias=False)(out))
+        skip = x if stride == 1 and x.shape[-1] == cout else \
+            layers.BatchNormalization()(layers.Conv2D(cout, 1, stride, use_bias=False)(x))
+        return layers.ReLU()(layers.Add()([out, skip]))
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((SIZE, SIZE, 3))
+    x = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(8, 3, 1, "same", use_bias=False)(inputs)))
+    x = block(block(x, 8, 1), 16, 2)
+    x = layers.Dropout(dropout)(layers.GlobalAveragePooling2D()(x))
+    return keras.Model(inputs, layers.Dense(CLASSES)(x))
 
 
 def model_fn(dropout: float):
@@ -64,6 +86,20 @@ def model_fn(dropout: float):
                          nn.Dropout(dropout), nn.Linear(16, CLASSES))
 
 
+def state(model):
+    """(name, array) of the model's parameters and buffers: torch's state_dict, Keras's weights."""
+    if hasattr(model, "state_dict"):
+        return [(k, t.detach().cpu().numpy()) for k, t in model.state_dict().items()]
+    return [(v.path, np.asarray(v.numpy())) for v in model.weights]
+
+
+def params(model):
+    """The trainable parameters as arrays (without BatchNorm's statistics and counters)."""
+    if hasattr(model, "state_dict"):
+        return [p.detach().numpy() for p in model.parameters()]
+    return [np.asarray(v.numpy()) for v in model.trainable_weights]
+
+
 class Stop(Exception):
     """Stands for the job dying (every rank at the same step)."""
 
@@ -78,17 +114,46 @@ class Hashes(Callback):
         if logs["global_step"] != self.step:
             self.step = logs["global_step"]
             digest = hashlib.sha256()
-            for name, tensor in self.model.state_dict().items():
+            for name, array in state(self.model):
                 digest.update(name.encode())
-                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+                digest.update(np.ascontiguousarray(array).tobytes())
             self.hashes.append(digest.hexdigest())
 
 
-def main() -> None:
+def torch_task(config, dropout):
     import torch.nn.functional as F
 
     from hvdtrain.torch.adapter import build_optimizer
 
+    model = model_fn(dropout)
+    x, y = images(TRAIN + VAL, 3)
+    return model, TrainTask(model=model, optimizer=build_optimizer(model.parameters(), config.optim),
+                            loss_fn=F.cross_entropy, train_data=ArrayDataset(x[:TRAIN], y[:TRAIN], flip),
+                            val_data=ArrayDataset(x[TRAIN:], y[TRAIN:]),
+                            metric_sums=lambda out, t: {"correct": (out.argmax(1) == t).sum()})
+
+
+def keras_task(config, dropout):
+    import keras
+    import tensorflow as tf
+
+    from hvdtrain.tensorflow.optimizers import build_optimizer
+
+    model = keras_model(dropout)
+    x, y = images(TRAIN + VAL, 3)
+    x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+
+    def loss_fn(logits, t):
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(t, logits, from_logits=True))
+
+    return model, TrainTask(model=model, optimizer=build_optimizer(config.optim), loss_fn=loss_fn,
+                            train_data=ArrayDataset(x[:TRAIN], y[:TRAIN], flip),
+                            val_data=ArrayDataset(x[TRAIN:], y[TRAIN:]),
+                            metric_sums=lambda out, t: {"correct": tf.reduce_sum(tf.cast(
+                                tf.equal(tf.argmax(out, 1), tf.cast(t, tf.int64)), tf.float32))})
+
+
+def main() -> None:
     report_path, output = Path(sys.argv[1]), Path(sys.argv[2])
     dropout, stop_at = 0.0, None
     extra = []
@@ -101,17 +166,15 @@ def main() -> None:
             extra.append(arg)
     built = {}
 
+    framework = next((a.split("=", 1)[1] for a in extra if a.startswith("framework=")), "torch")
+
     def build(config, ctx):
-        model = built["model"] = model_fn(dropout)
-        x, y = images(TRAIN + VAL, 3)
-        return TrainTask(model=model, optimizer=build_optimizer(model.parameters(), config.optim),
-                         loss_fn=F.cross_entropy, train_data=ArrayDataset(x[:TRAIN], y[:TRAIN], flip),
-                         val_data=ArrayDataset(x[TRAIN:], y[TRAIN:]),
-                         metric_sums=lambda out, t: {"correct": (out.argmax(1) == t).sum()})
+        built["model"], task = (torch_task if framework == "torch" else keras_task)(config, dropout)
+        return task
 
     define_recipe("world-size", description="issue 42's small ResNet", defaults={}, replace=True)
-    register_recipe("world-size", framework="torch", replace=True)(build)
-    config = load_config({}, overrides=["framework=torch", "recipe=world-size", f"output={output}",
+    register_recipe("world-size", framework=framework, replace=True)(build)
+    config = load_config({}, overrides=[f"framework={framework}", "recipe=world-size", f"output={output}",
                                         "train.log_every=0", "train.tensorboard=false", "train.progress_bar=false",
                                         "checkpoint.enabled=false", "optim.lr=0.05", "optim.warmup_epochs=0.5",
                                         *extra])
@@ -136,7 +199,7 @@ def main() -> None:
         rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
         report_path.write_text(json.dumps({
             "world_size": trainer.ctx.size, "hashes": hashes.hashes, "metrics": rows,
-            "params": [p.detach().numpy().ravel().tolist() for p in built["model"].parameters()],
+            "params": [a.ravel().tolist() for a in params(built["model"])],
             "hashes_from": hashes.first if hashes else None}))
 
 
