@@ -1,0 +1,172 @@
+"""Keras 3 callbacks for ``model.fit`` on Horovod (public as :mod:`hvdtrain.keras`): the initial
+broadcast of model and optimizer variables, metric averaging at each epoch's end, and rank-0
+checkpoints with exact resume.
+
+Checkpoints are hvdtrain's own (:class:`hvdtrain.core.checkpoint.CheckpointManager`): one folder
+per epoch, ``epoch-NNNN/``, written by rank 0 atomically with a manifest of SHA-256 checksums,
+holding the model's and the optimizer's variables as the TensorFlow adapter writes them
+(:mod:`hvdtrain.tensorflow.checkpoint`: ``.npz``, no pickled object, read back checked). The
+optimizer's variables include its iteration count, so its learning-rate schedule resumes too.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.core.checkpoint import CheckpointError, CheckpointManager
+from hvdtrain.tensorflow.adapter import offset_seed_states
+from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, load_variables, save_variables
+from hvdtrain.tensorflow.compression import tf_variables
+
+KIND = "keras-fit"  # a manifest's "kind": written by hvdtrain.keras.Checkpoints
+
+
+def _optimizer_built(model: keras.Model) -> keras.optimizers.Optimizer:
+    """The compiled model's optimizer, its variables created (as ``model.fit`` would create them)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise ValueError("hvdtrain.keras: the model has no optimizer; call model.compile(optimizer=...) first")
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    return optimizer
+
+
+def broadcast_variables(model: keras.Model, root_rank: int = 0) -> None:
+    """Every worker's model and optimizer variables set to ``root_rank``'s (the optimizer's
+    variables are created first). The layers' seed states (Dropout's) then move ``rank`` strides
+    apart, so each worker draws its own dropout masks while rank 0 keeps its stream (what a
+    checkpoint stores restores every worker's)."""
+    optimizer = _optimizer_built(model)
+    if hvd.size() > 1:
+        hvd.broadcast_variables(tf_variables(model.variables) + tf_variables(optimizer.variables),  # distributed
+                                root_rank=root_rank)
+    offset_seed_states([v for v in model.variables if "seed_generator_state" in getattr(v, "path", v.name)],
+                       hvd.rank())
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """At the start of ``fit``, every worker's model and optimizer variables from ``root_rank``
+    (:func:`broadcast_variables`): Horovod's callback of the same name, for Keras 3."""
+
+    def __init__(self, root_rank: int = 0):
+        super().__init__()
+        self.root_rank = root_rank
+        self.done = False
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Broadcast once (a second ``fit`` with this callback does not broadcast again)."""
+        if not self.done:
+            broadcast_variables(self.model, self.root_rank)
+            self.done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """At each epoch's end, every numeric value in ``logs`` (loss, metrics, ``val_*``) replaced by
+    its average over the workers, in one allreduce, so that the callbacks after this one
+    (checkpoints, early stopping, ``History``) see the same numbers on every rank. Put it first
+    in the list. Each worker's values weigh the same: give the workers equal shares of the data
+    (:func:`hvdtrain.keras.shard`)."""
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Average ``logs`` in place (keys in sorted order, the same on every rank)."""
+        if not logs or hvd.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if _is_number(v))
+        values = tf.constant([float(logs[k]) for k in keys], dtype=tf.float64)
+        averaged = hvd.allreduce(values, op=hvd.Average, name=f"hvdtrain.keras.metrics.{epoch}")  # distributed
+        for key, value in zip(keys, averaged.numpy().tolist()):
+            logs[key] = value
+
+
+class Checkpoints(keras.callbacks.Callback):
+    """Rank-0 checkpoints of model and optimizer variables at each epoch's end, and the exact
+    resume from the newest one (:meth:`restore`, before ``fit``)::
+
+        checkpoints = hvdtrain.keras.Checkpoints("runs/mnist/checkpoints")
+        initial_epoch = checkpoints.restore(model, resume=args.resume)
+        model.fit(..., initial_epoch=initial_epoch, callbacks=[..., checkpoints])
+
+    ``every``: epochs between checkpoints (the last epoch of ``fit`` is always written);
+    ``keep_last``: how many to keep. The folder's checkpoints are never overwritten: a run that
+    finds some there and was not asked to resume stops with one line naming the folder."""
+
+    def __init__(self, directory: str | Path, every: int = 1, keep_last: int = 3):
+        super().__init__()
+        if int(every) < 1:
+            raise ValueError(f"Checkpoints: every={every!r} must be at least 1")
+        self.manager = CheckpointManager(directory, keep_last=keep_last)
+        self.manager.required = (MODEL_FILE, OPTIMIZER_FILE)
+        self.manager.framework = "tensorflow"
+        self.every = int(every)
+        self.epochs: int | None = None
+
+    @property
+    def directory(self) -> Path:
+        """Where the epoch folders are."""
+        return self.manager.directory
+
+    def restore(self, model: keras.Model, resume: bool = True) -> int:
+        """Call before ``fit``, on every worker: the newest checkpoint's model and optimizer
+        variables (read by rank 0, then broadcast: the workers need no shared disk) and the number
+        of epochs it had completed, for ``fit(initial_epoch=...)``; 0 and rank 0's variables
+        broadcast where there is none. ``resume=False`` with checkpoints present: a
+        :class:`~hvdtrain.core.checkpoint.CheckpointError` naming the folder (nothing is
+        overwritten)."""
+        optimizer = _optimizer_built(model)  # the same variables the checkpoint was written from
+        found, problem = None, None
+        if hvd.rank() == 0:
+            self.manager.remove_temporaries()  # what a killed writer left
+            problems: list[str] = []
+            latest = self.manager.latest(problems)
+            if latest is not None and not resume:
+                problem = (f"{self.directory} already holds checkpoint {latest.path.name}: resume from it "
+                           f"(--resume) or choose another directory; nothing was overwritten")
+            elif latest is not None:
+                if latest.manifest.get("kind") != KIND:
+                    problem = f"{latest.path} was not written by hvdtrain.keras.Checkpoints; not resuming from it"
+                else:
+                    try:
+                        load_variables(latest.path / MODEL_FILE, model.variables)
+                        load_variables(latest.path / OPTIMIZER_FILE, optimizer.variables)
+                        found = latest.epoch
+                    except ValueError as exc:
+                        problem = str(exc)
+        found, problem = hvd.broadcast_object((found, problem), root_rank=0, name="hvdtrain.keras.restore")
+        if problem is not None:
+            raise CheckpointError(problem)
+        broadcast_variables(model)
+        return int(found or 0)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        """Note ``fit``'s epoch count (its last epoch is always checkpointed)."""
+        self.epochs = self.params.get("epochs") if self.params else None
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Rank 0 writes ``epoch-<epoch + 1>`` (epochs completed), with ``logs`` as its metrics."""
+        done = epoch + 1
+        if hvd.rank() != 0 or (done % self.every and done != self.epochs):
+            return
+        optimizer = self.model.optimizer
+        metrics = {k: float(v) for k, v in (logs or {}).items() if _is_number(v) and math.isfinite(float(v))}
+
+        def write(folder: Path) -> None:
+            save_variables(folder / MODEL_FILE, self.model.variables)
+            save_variables(folder / OPTIMIZER_FILE, optimizer.variables)
+
+        self.manager.save(f"epoch-{done:04d}", write, {
+            "kind": KIND, "framework": "tensorflow", "epoch": done, "step": int(optimizer.iterations.numpy()),
+            "world_size": hvd.size(), "metrics": metrics})
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        return np.ndim(value) == 0 and isinstance(float(value), float)
+    except (TypeError, ValueError):
+        return False
