@@ -133,15 +133,15 @@ class TrainConfig:
     """The training loop and its distributed options."""
 
     epochs: int = _f(1, "number of epochs", min=1)
-    max_steps: int | None = _f(None, "stop after this many optimizer updates (counted across resumes), or when "
-                               "train.epochs end if that comes first; a stop inside an epoch evaluates it and writes "
-                               "checkpoint step-N there, from which a resume with a larger max_steps goes on at the "
-                               "next sample. hvdtrain's LR schedule spans the updates the run takes", min=1)
     batch_size: int = _f(64, "batch size per worker, the micro-batch of one forward and backward (the global batch is batch_size * "
                          "world size * grad_accumulation, unless train.global_batch_size fixes it)", min=1,
                          resume="state")
     seed: int = _f(42, "seed for model init, shuffling and augmentation", min=0, max=2**32 - 1,  # NumPy's limit
                    resume="data")
+    max_steps: int | None = _f(None, "stop after this many optimizer updates (counted across resumes), or when "
+                               "train.epochs end if that comes first; a stop inside an epoch evaluates it and writes "
+                               "checkpoint step-N there, from which a resume with a larger max_steps goes on at the "
+                               "next sample. hvdtrain's LR schedule spans the updates the run takes", min=1)
     grad_accumulation: int = _f(1, "micro-batches whose gradients are summed before one allreduce and "
                                 "update (Horovod's backward_passes_per_step)", min=1, resume="state")
     global_batch_size: int | None = _f(None, "samples per optimizer update across all workers, the same at any "
