@@ -203,8 +203,9 @@ class OwnLoop:
 
     # -- metrics ------------------------------------------------------------------------------
     def mean(self, values: Any) -> Any:
-        """The mean over all workers of a number, a tensor or a dict of them (a collective: every
-        rank calls it); numbers come back as floats, tensors as float64 tensors on the CPU."""
+        """The mean over all workers of a number, a tensor, or a list or dict of them (a collective:
+        every rank calls it); a number or one-element tensor comes back as a float, a larger tensor
+        as a float64 tensor on the CPU."""
         return self._reduce(values, hvd.Average, "mean")
 
     def sum(self, values: Any) -> Any:
@@ -220,7 +221,7 @@ class OwnLoop:
         items = list(values) if many else [values]
         tensors = [torch.as_tensor(v).detach().to("cpu", torch.float64) for v in items]
         out = hvd.grouped_allreduce(tensors, op=op, name=f"hvdtrain.own_loop.{what}")  # distributed
-        out = [o if torch.is_tensor(v) else float(o) for v, o in zip(items, out)]
+        out = [float(o) if o.numel() == 1 else o for o in out]
         return out if many else out[0]
 
     # -- position and checkpoints -------------------------------------------------------------
