@@ -28,25 +28,25 @@ from hvdtrain.tensorflow.compression import tf_variables
 KIND = "keras-fit"  # a manifest's "kind": written by hvdtrain.keras.Checkpoints
 
 
-def _optimizer_built(model: keras.Model) -> keras.optimizers.Optimizer:
-    """The compiled model's optimizer, its variables created (as ``model.fit`` would create them)."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
-        raise ValueError("hvdtrain.keras: the model has no optimizer; call model.compile(optimizer=...) first")
-    if not optimizer.built:
+def _optimizer_built(model: keras.Model, optimizer: Any = None) -> keras.optimizers.Optimizer | None:
+    """``optimizer`` (default: the compiled model's, None if it has none), its variables created
+    for the model's trainable variables (as ``model.fit`` would create them)."""
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
         optimizer.build(model.trainable_variables)
     return optimizer
 
 
-def broadcast_variables(model: keras.Model, root_rank: int = 0) -> None:
-    """Every worker's model and optimizer variables set to ``root_rank``'s (the optimizer's
-    variables are created first). The layers' seed states (Dropout's) then move ``rank`` strides
-    apart, so each worker draws its own dropout masks while rank 0 keeps its stream (what a
-    checkpoint stores restores every worker's)."""
-    optimizer = _optimizer_built(model)
+def broadcast_variables(model: keras.Model, root_rank: int = 0, optimizer: Any = None) -> None:
+    """Every worker's model and optimizer variables set to ``root_rank``'s (``optimizer``: the
+    compiled model's by default; its variables are created first; a custom ``tf.GradientTape``
+    loop passes its own). The layers' seed states (Dropout's) then move ``rank`` strides apart, so
+    each worker draws its own dropout masks while rank 0 keeps its stream (what a checkpoint
+    stores restores every worker's)."""
+    optimizer = _optimizer_built(model, optimizer)
+    variables = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
     if hvd.size() > 1:
-        hvd.broadcast_variables(tf_variables(model.variables) + tf_variables(optimizer.variables),  # distributed
-                                root_rank=root_rank)
+        hvd.broadcast_variables(tf_variables(variables), root_rank=root_rank)  # distributed
     offset_seed_states([v for v in model.variables if "seed_generator_state" in getattr(v, "path", v.name)],
                        hvd.rank())
 
@@ -120,6 +120,8 @@ class Checkpoints(keras.callbacks.Callback):
         :class:`~hvdtrain.core.checkpoint.CheckpointError` naming the folder (nothing is
         overwritten)."""
         optimizer = _optimizer_built(model)  # the same variables the checkpoint was written from
+        if optimizer is None:
+            raise ValueError("Checkpoints.restore: the model has no optimizer; call model.compile(optimizer=...) first")
         found, problem = None, None
         if hvd.rank() == 0:
             self.manager.remove_temporaries()  # what a killed writer left

@@ -8,8 +8,9 @@
 
 Checked: the run learns (the loss falls, validation accuracy well above chance), both ranks end
 with the same model and optimizer variables and the same averaged metrics, the optimizer counted
-one iteration per step, and the resumed run's last checkpoint holds the uninterrupted run's
-variables bit for bit.
+one iteration per step, a custom ``tf.GradientTape`` loop through ``DistributedOptimizer.apply``
+(eager and traced, different data per rank) ends with the same weights on both ranks, and the
+resumed run's last checkpoint holds the uninterrupted run's variables bit for bit.
 """
 
 import json
