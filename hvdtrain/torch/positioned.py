@@ -48,7 +48,8 @@ def _sampling(loader: DataLoader) -> str:
         return f"an IterableDataset ({type_name(loader.dataset)})"
     if loader.batch_size is None:
         return "batch_size=None"
-    return f"its own sampler ({type_name(loader.batch_sampler if loader.batch_sampler is not None else loader.sampler)})"
+    custom = loader.sampler if not isinstance(loader.sampler, (SequentialSampler, RandomSampler)) else loader.batch_sampler
+    return f"its own sampler ({type_name(custom)})"
 
 
 class _Planned(torch.utils.data.Sampler):
