@@ -17,8 +17,8 @@ by (epoch, sample), ``train.global_batch_size=16`` in micro-batches of 4, 2 epoc
   world size. Without bitwise mode the same runs differ in the last bits (the 1.2e-7 above), so
   the hashes are a witness that can fail.
 
-* **bitwise mode in TensorFlow**: the same network in Keras, 6 updates on 1 and on 4 workers (4
-  workers accumulate 2 micro-batches each, 1 worker 8): equal hashes after every update and equal
+* **bitwise mode in TensorFlow**: the same network in Keras, 6 updates on 1 and on 4 workers (1
+  worker accumulates the update's 4 micro-batches, 4 workers one each): equal hashes after every update and equal
   metrics lines.
 
 One launch per run, shared by every assertion through a module-scoped fixture (seven launches, the
