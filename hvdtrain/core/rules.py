@@ -367,8 +367,18 @@ def global_batch_divides_world(config: Any, world: World) -> str | None:
     """A fixed global batch's micro-batches are shared equally by the data-parallel workers
     (:func:`hvdtrain.core.batching.global_batch_refusal` names the world sizes that can), and an
     explicit ``train.grad_accumulation`` must be the one that follows."""
-    replicas = world.size // max(1, config.parallel.pipeline_stages)
-    return batching.global_batch_refusal(config.train, max(1, replicas))
+    stages = max(1, config.parallel.pipeline_stages)
+    replicas = max(1, world.size // stages)
+    problem = batching.global_batch_refusal(config.train, replicas)
+    if problem or config.train.global_batch_size is None or stages == 1:
+        return problem
+    accumulation = batching.plan_for(config.train, replicas).accumulation
+    if accumulation != 1:  # pipeline stages split each micro-batch themselves and accumulate nothing
+        return (f"train.global_batch_size={config.train.global_batch_size} with parallel.pipeline_stages={stages} on "
+                f"{world.size} workers accumulates {accumulation} micro-batches of train.batch_size="
+                f"{config.train.batch_size} per replica, which pipeline stages do not; make the global batch "
+                f"batch_size x {replicas} replicas, or leave train.global_batch_size unset")
+    return None
 
 
 WORLD_RULES: tuple[Callable[[Any, World], str | None], ...] = (

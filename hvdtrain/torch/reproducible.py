@@ -15,6 +15,7 @@ the mean of the micro-batches' running statistics, the same bits at any world si
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import horovod.torch as hvd
@@ -27,6 +28,7 @@ from hvdtrain.core.exchange import Stateless
 def enter(config: Any) -> None:
     """What bitwise mode fixes in this process: intra-op threads and deterministic kernels."""
     torch.set_num_threads(reproducible.threads(config))
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what cuBLAS needs to be deterministic
     torch.use_deterministic_algorithms(True)
 
 

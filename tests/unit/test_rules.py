@@ -132,6 +132,9 @@ WORLD_CASES = [
     (rules.global_batch_divides_world, ["train.global_batch_size=32", "train.batch_size=4",
                                         "train.grad_accumulation=2"], rules.World(2),
      ["train.grad_accumulation=2", "train.global_batch_size=32"]),
+    (rules.global_batch_divides_world, ["train.global_batch_size=32", "train.batch_size=4",
+                                        "parallel.pipeline_stages=2"], rules.World(4),
+     ["train.global_batch_size=32", "parallel.pipeline_stages=2", "accumulates 4 micro-batches"]),
 ]
 
 
