@@ -95,7 +95,8 @@ class Checkpoints(keras.callbacks.Callback):
 
     ``every``: epochs between checkpoints (the last epoch of ``fit`` is always written);
     ``keep_last``: how many to keep. The folder's checkpoints are never overwritten: a run that
-    finds some there and was not asked to resume stops with one line naming the folder."""
+    finds some there and was not asked to resume stops with one line naming the folder (a ``fit``
+    whose :meth:`restore` was not called runs ``restore(model, resume=False)`` as it begins)."""
 
     def __init__(self, directory: str | Path, every: int = 1, keep_last: int = 3):
         super().__init__()
@@ -106,6 +107,7 @@ class Checkpoints(keras.callbacks.Callback):
         self.manager.framework = "tensorflow"
         self.every = int(every)
         self.epochs: int | None = None
+        self.restored = False  # restore() ran (else fit's start runs it, refusing existing checkpoints)
 
     @property
     def directory(self) -> Path:
@@ -144,11 +146,15 @@ class Checkpoints(keras.callbacks.Callback):
         if problem is not None:
             raise CheckpointError(problem)
         broadcast_variables(model)
+        self.restored = True
         return int(found or 0)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        """Note ``fit``'s epoch count (its last epoch is always checkpointed)."""
+        """Note ``fit``'s epoch count (its last epoch is always checkpointed); without a
+        :meth:`restore` before, refuse a folder that holds checkpoints (every rank)."""
         self.epochs = self.params.get("epochs") if self.params else None
+        if not self.restored:
+            self.restore(self.model, resume=False)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Rank 0 writes ``epoch-<epoch + 1>`` (epochs completed), with ``logs`` as its metrics."""

@@ -1,8 +1,8 @@
 """hvdtrain.keras's pieces that need no job (one process, Horovod on Gloo, size 1): ``shard`` keeps
 ``Dataset.shard``'s elements, ``batches`` orders an epoch by (seed, epoch) alone, ``WarmUp``'s values
 and config, ``DistributedOptimizer`` keeps the user's object and class name and refuses what it cannot
-run, and ``Checkpoints`` writes an epoch folder, restores it exactly, and refuses to overwrite or to
-load another model's. The 2-rank run is tests/distributed/test_keras_fit.py."""
+run, and ``Checkpoints`` writes an epoch folder, restores it exactly, and refuses to overwrite (also in a
+``fit`` without ``restore``) or to load another model's. The 2-rank run is tests/distributed/test_keras_fit.py."""
 
 from __future__ import annotations
 
@@ -118,6 +118,8 @@ def test_checkpoints_restore_exactly_and_never_overwrite(tmp_path):
         np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
     assert int(fresh.optimizer.iterations.numpy()) == 8
 
+    with pytest.raises(CheckpointError, match="already holds checkpoint epoch-0002"):  # fit without restore()
+        fresh.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[hk.Checkpoints(tmp_path / "ckpt")])
     with pytest.raises(CheckpointError, match="has shape"):  # another model's: refused, nothing loaded
         hk.Checkpoints(tmp_path / "ckpt").restore(_model(units=5), resume=True)
 
