@@ -156,6 +156,7 @@ class OwnLoop:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, config: RunConfig,
                  loader_parts: tuple | None) -> None:
         self.config, self.scheduler, self.updates = config, scheduler, 0
+        self._saved: tuple = (None, None, None)  # (output, position, path) of the last save
         self.adapter = adapter = TorchAdapter()
         self.ctx = ctx = adapter.init(config)  # launch.start: the launcher's environment, hvd.init()
         rules.check_job(config, ctx)  # the job's rules (world size, MPI, GPU), on every rank alike
@@ -254,7 +255,8 @@ class OwnLoop:
         scheduler, every rank's random state and exchange state, the position), then pruned to
         ``checkpoint.keep_last``. ``metrics`` (e.g. the epoch's mean loss and validation accuracy)
         become a row of ``path/metrics.jsonl`` and the checkpoint's record, which
-        ``hvdtrain report`` plots. Returns the checkpoint's folder on rank 0, else None."""
+        ``hvdtrain report`` plots. A second call at the same position writes no second checkpoint
+        (only the metrics row). Returns the checkpoint's folder on rank 0, else None."""
         output, position = Path(path), self.position
         at_epoch_end = self.data is not None and position.consumed == 0 and position.epoch > 0
         name = f"epoch-{position.epoch:04d}" if at_epoch_end else f"step-{position.step:08d}"
@@ -269,10 +271,14 @@ class OwnLoop:
             if not (output / CONFIG_FILE).exists():
                 ran = ran_config(self.config, LRPolicy("task", self.facts))
                 atomic_write_text(output / CONFIG_FILE, dump_yaml(redact_values(ran)))
-        policy = CheckpointPolicy(self.config, self._manager(output), self.adapter, self.watchdog)
-        totals = {"loss_sum": 0.0, "samples": 0}
-        saved = policy.save(self.ctx, name, position, totals, record if at_epoch_end else None)
-        if self.is_main and record is not None:
+        if self._saved[:2] == (output.resolve(), position):  # saved here already (a step save at the epoch's end)
+            saved = self._saved[2]
+        else:
+            policy = CheckpointPolicy(self.config, self._manager(output), self.adapter, self.watchdog)
+            totals = {"loss_sum": 0.0, "samples": 0}
+            saved = policy.save(self.ctx, name, position, totals, record if at_epoch_end else None)
+            self._saved = (output.resolve(), position, saved)
+        if self.is_main and metrics is not None:
             self.gate.append_jsonl(output / METRICS_FILE, record)
         return saved
 
