@@ -56,6 +56,14 @@ def overhead(data: dict) -> list[dict]:
                         "Horovod loop / DDP in the same rounds: " + ", ".join(
                             f"{r['baseline'] / r['ddp']:.3f}" for r in default)
                         + "; `torchrun --standalone --nproc-per-node 2 benchmarks/ddp_torch_loop.py` runs DDP alone"))
+    if default and "keras_fit" in default[0]:  # overhead.py --keras-fit (issue 39)
+        ratios = [r["keras_fit"] / r["hvdtrain"] for r in default]
+        rows.append(row("1-tensorflow-keras-fit", "Keras model.fit through hvdtrain.keras, np=2",
+                        "model.fit with hvdtrain.keras.DistributedOptimizer, samples/s per worker",
+                        median(r["keras_fit"] for r in default), "hvdtrain.train() (TensorFlow) with its defaults",
+                        median(r["hvdtrain"] for r in default), ratios, "samples/s", ">= 0.97",
+                        median(ratios) >= 0.97, setting + "; model.fit runs in a thread held before each batch "
+                        "(benchmarks/keras_fit_loop.py)"))
     return rows
 
 

@@ -15,6 +15,8 @@ what separates work a side adds from time it waits (for the other rank, or for a
     horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 10 --ddp
     horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py torch OUT.json --rounds 10 --ddp \
         --vary comm.flat_gradients=true,false     # flat gradient buffers against DistributedOptimizer
+    horovodrun -np 2 -H localhost:2 python benchmarks/workers/overhead.py tensorflow OUT.json --rounds 6 \
+        --keras-fit                               # Keras model.fit through hvdtrain.keras (keras_fit_loop.py)
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="epochs; comm.overlap alternates auto/always")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--ddp", action="store_true", help="torch: also interleave DistributedDataParallel steps")
+    parser.add_argument("--keras-fit", action="store_true",
+                        help="tensorflow: also interleave Keras model.fit steps through hvdtrain.keras")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra hvdtrain config override (ablations, e.g. train.tensorboard=false)")
     parser.add_argument("--vary", default="comm.overlap=auto,always", metavar="KEY=A,B",
@@ -118,6 +122,10 @@ def main() -> None:
         hvd.init()
         common.init_torch_gloo_group(hvd, "bench.ddp_port")
         others["ddp"] = ddp_torch_loop.train_steps(arrays[0], arrays[1])
+    if args.keras_fit:
+        import keras_fit_loop
+
+        others["keras_fit"] = keras_fit_loop.train_steps(arrays[0], arrays[1])
     for steps in others.values():  # build the models, trace, warm up: not timed
         for _ in range(SKIP_STEPS):
             next(steps)
