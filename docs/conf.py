@@ -19,17 +19,21 @@ copyright = "hvdtrain developers"
 release = version = __version__
 
 extensions = [
-    "myst_parser",
+    "myst_nb",  # MyST Markdown pages (myst-parser) and notebooks (examples/quickstart.ipynb)
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx_click",
 ]
-source_suffix = {".md": "markdown"}
+source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
 root_doc = "index"
 exclude_patterns = ["_build", "screenshots", "generate.py"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3  # [text](page.md#a-heading) resolves to a heading's slug
+
+# notebooks render with the outputs stored in them: nothing is executed at build time (the quickstart
+# notebook trains on 2 workers; tests/integration/test_notebook.py executes it in a real kernel)
+nb_execution_mode = "off"
 
 # every internal reference (page, heading anchor, file) must resolve: -W turns a missing one into an error
 
