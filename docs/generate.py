@@ -178,6 +178,10 @@ def combinations_page() -> str:
            "MPI, GPU, the launcher's variables) refuse right after `hvd.init()`, on every rank alike, before "
            "any model is built. Each refusal is one line naming the keys and what to do; the CLI exits with "
            "status 2. See [the rulebook](rulebook.md) for how to read and extend it.", "",
+           "The table lists refusals only. The rulebook knows what it refuses, not what was tried together, so "
+           "no \"works with\" column is generated: a combination no rule refuses runs, and which combinations "
+           "the tests train together is said where each feature is described (the [guides](../guides/parallelism.md) "
+           "and [Reliability](../reliability.md)).", "",
            "| rule | asked | keys it reads | what it guards |", "|---|---|---|---|"]
     known = _known_keys()
     groups = [("the config", rules.CONFIG_RULES), ("the job (after `hvd.init()`)", rules.WORLD_RULES),

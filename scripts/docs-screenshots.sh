@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Screenshots of the built documentation site in headless Chromium (Debian's `chromium`), to look at
-# how pages render (navigation sidebar, search box, tables): the home page, the config-key reference
-# and the own-model guide, each at a desktop width.
+# how pages render (navigation sidebar, search box, tables): the home page, the config-key reference,
+# the own-model guide and the quickstart notebook (rendered from its stored outputs), each at a desktop width.
 #   bash scripts/docs-screenshots.sh [SITE_DIR] [OUT_DIR]
 # SITE_DIR: the built site (default docs/_build/html; `make docs` builds it); OUT_DIR: where the PNGs
 # go (default docs/_build/screenshots). Needs chromium (as root on Debian: apt-get install chromium).
@@ -15,7 +15,7 @@ browser="$(command -v chromium || command -v chromium-browser || command -v goog
 mkdir -p "$out"
 profile="$(mktemp -d)"
 trap 'rm -rf "$profile"' EXIT
-for page in index reference/config guides/own-model; do
+for page in index reference/config guides/own-model guides/quickstart; do
   png="$out/$(echo "$page" | tr / -).png"
   "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir="$profile" \
       --window-size=1400,1000 --screenshot="$png" "file://$site/$page.html" >/dev/null 2>&1
