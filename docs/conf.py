@@ -34,6 +34,7 @@ myst_heading_anchors = 3  # [text](page.md#a-heading) resolves to a heading's sl
 # notebooks render with the outputs stored in them: nothing is executed at build time (the quickstart
 # notebook trains on 2 workers; tests/integration/test_notebook.py executes it in a real kernel)
 nb_execution_mode = "off"
+nb_merge_streams = True  # a cell's stdout lines (written by several workers) as one block
 
 # every internal reference (page, heading anchor, file) must resolve: -W turns a missing one into an error
 
