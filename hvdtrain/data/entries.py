@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from hvdtrain.core.durable import atomic_write_text, fsync_path
+from hvdtrain.data.build_once import build_once
 
 POINTER = "current.json"
 IN_USE = ".in-use"
@@ -161,19 +162,9 @@ def load_entry(slot: Path, key: str, names: tuple[str, ...],
                build: Callable[[], tuple[dict[str, np.ndarray], dict]]) -> tuple[Path, dict, dict[str, np.ndarray], bool]:
     """The current entry of ``slot`` for ``key``: ``(entry folder, meta, arrays, built)``; built
     now by ``build() -> (arrays, meta)`` if missing (once per host: the others wait on the lock)."""
-    found = _read(slot, key, names)
-    if found is not None:
-        return (*found, False)
-    slot.parent.mkdir(parents=True, exist_ok=True)
-    with open(slot.with_name(slot.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder per host; the others wait and read its result
-        found = _read(slot, key, names)
-        if found is not None:
-            return (*found, False)
+    def publish() -> None:
         arrays, meta = build()
         _publish(slot, key, arrays, meta)
-        found = _read(slot, key, names)
-        if found is None:
-            raise OSError(f"the index written to {slot} cannot be read back (a cache folder another host "
-                          f"rewrote meanwhile?)")
-        return (*found, True)
+
+    found, built = build_once(slot.with_name(slot.name + ".lock"), lambda: _read(slot, key, names), publish)
+    return (*found, built)

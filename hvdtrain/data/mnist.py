@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import os
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hvdtrain.data.build_once import build_once
 from hvdtrain.data.index import DataError
 
 SPLITS = {"train": "train", "val": "test"}  # our split name -> the archive's prefix (val: the 10,000 test images)
@@ -69,13 +69,8 @@ def embedded_mnist(cache_root: Path | None = None) -> Path:
 
     cache_root = Path(cache_root or _cache_root())
     root = cache_root / "mnist-imagefolder"
-    if (root / ".complete").is_file():
-        return root
-    cache_root.mkdir(parents=True, exist_ok=True)
-    with open(cache_root / ".mnist.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # other workers on this host wait here, then reuse the tree
-        if (root / ".complete").is_file():
-            return root
+
+    def write() -> None:  # once per host: the other workers wait on the lock, then reuse the tree
         tmp = cache_root / f".mnist-imagefolder-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         store, group = _open()
@@ -89,4 +84,5 @@ def embedded_mnist(cache_root: Path | None = None) -> Path:
         (tmp / ".complete").write_text("mnist 60000 train / 10000 val\n")
         shutil.rmtree(root, ignore_errors=True)
         os.rename(tmp, root)
-    return root
+
+    return build_once(cache_root / ".mnist.lock", lambda: root if (root / ".complete").is_file() else None, write)[0]

@@ -30,7 +30,6 @@ encoder, and each chunk's arrays are appended to the files, so memory is bounded
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -39,12 +38,12 @@ import shutil
 import socket
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from hvdtrain.core.durable import atomic_write_text, fsync_path
+from hvdtrain.data.build_once import build_once, file_lock
 from hvdtrain_recipes.bert_finetune import text_data, tokenized
 
 FORMAT_VERSION = 2  # 2: rows with more fields than the header are bad rows (format 1 caches may hold them)
@@ -205,56 +204,49 @@ def encode_file(path: Path, text, tokenizer, vocab_size: int,
     return _arrays(writer.close(), vocab), bad
 
 
-@contextmanager
-def _locked(path: Path):
-    """An exclusive lock on ``path`` (created if missing) for the duration of the block."""
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def build(entry: Path, record: dict, text, tokenizer, vocab_size: int) -> bool:
     """Build ``entry`` from the file in ``record`` unless it exists (another process built it
-    first); return whether this call built it. ``text`` is the recipe's ``text`` config section."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(entry.with_name(entry.name + ".lock")):
-        if _usable_locked(entry):
-            return False
-        path, split = Path(record["file"]["path"]), record["file"].get("split")
-        for stale in entry.parent.glob(f"{entry.name}.tmp-*"):  # a killed builder's: builds hold this lock
-            shutil.rmtree(stale, ignore_errors=True)
-        if entry.exists():  # a folder without its manifest (files deleted by hand): never published whole
-            aside = entry.with_name(f"{entry.name}.damaged-{socket.gethostname()}-{os.getpid()}")
-            os.rename(entry, aside)
-            shutil.rmtree(aside, ignore_errors=True)
-        tmp = entry.with_name(f"{entry.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-        tmp.mkdir()
+    first); return whether this call built it (:func:`hvdtrain.data.build_once.build_once`: the
+    entry is looked at, repaired or cleared only under its lock). ``text`` is the recipe's ``text``
+    config section."""
+    return build_once(entry.with_name(entry.name + ".lock"), lambda: entry if _usable_locked(entry) else None,
+                      lambda: _build(entry, record, text, tokenizer, vocab_size), look_first=False)[1]
+
+
+def _build(entry: Path, record: dict, text, tokenizer, vocab_size: int) -> None:
+    """Tokenize the file in ``record`` into ``entry`` (under the entry's lock): written in a
+    temporary folder beside it, renamed into place once its manifest is written and fsynced."""
+    path, split = Path(record["file"]["path"]), record["file"].get("split")
+    for stale in entry.parent.glob(f"{entry.name}.tmp-*"):  # a killed builder's: builds hold this lock
+        shutil.rmtree(stale, ignore_errors=True)
+    if entry.exists():  # a folder without its manifest (files deleted by hand): never published whole
+        aside = entry.with_name(f"{entry.name}.damaged-{socket.gethostname()}-{os.getpid()}")
+        os.rename(entry, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    tmp = entry.with_name(f"{entry.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    tmp.mkdir()
+    try:
+        started = time.time()
+        bad = text_data.bad_rows_for(path, text.bad_rows, split)
+        dtype = tokenized.ids_dtype(vocab_size)
+        writer = _Writer(tmp, dtype)
+        durable = False
         try:
-            started = time.time()
-            bad = text_data.bad_rows_for(path, text.bad_rows, split)
-            dtype = tokenized.ids_dtype(vocab_size)
-            writer = _Writer(tmp, dtype)
-            durable = False
-            try:
-                vocab = tokenize_rows(_file_rows(path, text, bad, split), tokenizer, dtype,
-                                      text.text_pair_column is not None, writer)
-                durable = True
-            finally:
-                writer.close(durable)  # the arrays reach the disk before a manifest describes them
-            _no_rows(path, writer.rows, bad)
-            manifest = {"key": record, "rows": writer.rows, "tokens": writer.tokens, "ids_dtype": dtype.str,
-                        "label_vocab": vocab, "bad_rows": bad.to_json(), "built_at": started,
-                        "build_seconds": round(time.time() - started, 3),
-                        "built_by": f"{socket.gethostname()}:{os.getpid()}"}
-            atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")  # fsyncs it and tmp
-            os.rename(tmp, entry)  # atomic: readers see the whole entry or none
-            fsync_path(entry.parent)
+            vocab = tokenize_rows(_file_rows(path, text, bad, split), tokenizer, dtype,
+                                  text.text_pair_column is not None, writer)
+            durable = True
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return True
+            writer.close(durable)  # the arrays reach the disk before a manifest describes them
+        _no_rows(path, writer.rows, bad)
+        manifest = {"key": record, "rows": writer.rows, "tokens": writer.tokens, "ids_dtype": dtype.str,
+                    "label_vocab": vocab, "bad_rows": bad.to_json(), "built_at": started,
+                    "build_seconds": round(time.time() - started, 3),
+                    "built_by": f"{socket.gethostname()}:{os.getpid()}"}
+        atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1) + "\n")  # fsyncs it and tmp
+        os.rename(tmp, entry)  # atomic: readers see the whole entry or none
+        fsync_path(entry.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def entry_problem(entry: Path) -> str | None:
@@ -305,8 +297,7 @@ def usable(entry: Path) -> bool:
         return False
     if entry_problem(entry) is None:
         return True
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(entry.with_name(entry.name + ".lock")):
+    with file_lock(entry.with_name(entry.name + ".lock")):
         return _usable_locked(entry)
 
 
@@ -316,9 +307,8 @@ def wait_until_built(entry: Path, poll_seconds: float = 0.5) -> None:
     core per waiting rank (measured: 9.5 of 10 CPU-seconds in a Gloo allreduce), taking the cores
     the builder's tokenizer threads need. A builder that fails stops the job (the launcher ends
     every rank), so this does not wait for ever."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
     while not (entry / MANIFEST).is_file():
-        with _locked(entry.with_name(entry.name + ".lock")):
+        with file_lock(entry.with_name(entry.name + ".lock")):
             pass
         if not (entry / MANIFEST).is_file():
             time.sleep(poll_seconds)

@@ -278,6 +278,8 @@ def test_a_waiting_rank_sleeps_until_the_builder_finishes(tmp_path):
     import threading
     import time
 
+    from hvdtrain.data.build_once import file_lock
+
     path = write_csv(tmp_path / "train.csv", [(t, "x", lab) for t, lab in zip(TRAIN.texts[:64], TRAIN.labels)])
     config = config_for(tmp_path)
     record = token_cache.key_record(path, model_dir(), config.text.max_length, "sentence", "sentiment", None)
@@ -286,7 +288,7 @@ def test_a_waiting_rank_sleeps_until_the_builder_finishes(tmp_path):
     holding = threading.Event()
 
     def slow_builder():
-        with token_cache._locked(entry.with_name(entry.name + ".lock")):
+        with file_lock(entry.with_name(entry.name + ".lock")):
             holding.set()
             time.sleep(1.5)
         token_cache.build(entry, record, config.text, tokenizer, tokenizer.get_vocab_size())
