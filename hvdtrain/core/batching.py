@@ -130,11 +130,16 @@ def dividing_world_sizes(micro_batches: int) -> list[int]:
 
 
 def config_refusal(train: Any) -> str | None:
-    """Why ``train.global_batch_size`` cannot be cut into micro-batches of ``train.batch_size``."""
-    g, b = train.global_batch_size, train.batch_size
+    """Why ``train.global_batch_size`` cannot be cut into micro-batches of ``train.batch_size``, or
+    an explicit ``train.grad_accumulation`` fits it at no world size (what needs no job)."""
+    g, b, a = train.global_batch_size, train.batch_size, train.grad_accumulation
     if g is not None and g % b:
         return (f"train.global_batch_size={g} is not a multiple of train.batch_size={b} (the micro-batch one worker "
                 f"computes at once); choose a global batch of whole micro-batches, or a batch_size that divides {g}")
+    if g is not None and a != 1 and (g // b) % a:
+        return (f"train.grad_accumulation={a} contradicts train.global_batch_size={g}: its {g // b} micro-batches of "
+                f"train.batch_size={b} cannot be shared by workers accumulating {a} each; leave "
+                f"train.grad_accumulation unset (it follows from the global batch and the world size)")
     return None
 
 

@@ -272,8 +272,8 @@ def early_stopping_metric(config: Any) -> str | None:
 
 
 def global_batch_micro_batches(config: Any) -> str | None:
-    """A fixed global batch is cut into whole micro-batches of ``train.batch_size``
-    (:mod:`hvdtrain.core.batching`)."""
+    """A fixed global batch is cut into whole micro-batches of ``train.batch_size``, and an explicit
+    ``train.grad_accumulation`` must divide their number (:mod:`hvdtrain.core.batching`)."""
     return batching.config_refusal(config.train)
 
 

@@ -83,9 +83,9 @@ def test_a_world_size_that_cannot_share_the_micro_batches_is_refused_naming_thos
 
 
 def test_a_contradicting_accumulation_is_refused_naming_both_keys():
-    cfg = config(global_batch_size=32, batch_size=4, grad_accumulation=3)
+    cfg = config(global_batch_size=32, batch_size=4, grad_accumulation=2)  # right for 4 workers, not for 2
     problem = rules.refusal(cfg, rules.World(size=2))
-    assert "train.grad_accumulation=3" in problem and "train.global_batch_size=32" in problem
+    assert "train.grad_accumulation=2" in problem and "train.global_batch_size=32" in problem
     assert "accumulates 4 micro-batches" in problem
     assert rules.refusal(config(global_batch_size=32, batch_size=4, grad_accumulation=4), rules.World(size=2)) is None
 
@@ -93,6 +93,9 @@ def test_a_contradicting_accumulation_is_refused_naming_both_keys():
 def test_a_global_batch_of_partial_micro_batches_is_refused_before_the_job():
     problem = rules.refusal(config(global_batch_size=30, batch_size=4))
     assert problem.startswith("train.global_batch_size=30 is not a multiple of train.batch_size=4")
+    problem = rules.refusal(config(global_batch_size=32, batch_size=4, grad_accumulation=3))  # fits no world size
+    assert problem.startswith("train.grad_accumulation=3 contradicts train.global_batch_size=32")
+    assert rules.refusal(config(global_batch_size=32, batch_size=4, grad_accumulation=2)) is None
 
 
 def test_the_adapter_runs_the_following_accumulation_and_the_user_config_stays():
