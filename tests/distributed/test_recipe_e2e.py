@@ -4,9 +4,10 @@
   1,000 held-out images in one epoch (seed 42), for torch and TensorFlow; `metrics.jsonl`,
   `config.yaml` and a checkpoint are written; a second 2-rank run into the same output without
   `--resume` is refused and changes nothing (torch: the refusal is the resume plan that rank 0
-  broadcasts, the same for both frameworks; TensorFlow's broadcast of that plan runs in every TensorFlow
-  resume of tests/reliability; the rule itself, in-process: tests/fast/test_output_dir.py and
-  tests/reliability/test_bad_input.py's "used output without --resume"; resume itself: tests/reliability and tests/fast).
+  broadcasts, the same for both frameworks; TensorFlow's broadcast of that plan runs in every
+  TensorFlow resume of tests/reliability; the rule itself, in-process: tests/fast/test_output_dir.py
+  and tests/reliability/test_bad_input.py's "used output without --resume"; resume itself:
+  tests/reliability and tests/fast).
 * plain `mpirun -np 2` and a single process (no launcher) run the same command.
 """
 
