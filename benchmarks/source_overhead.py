@@ -33,15 +33,13 @@ from hvdtrain.core.resolve import load_config  # noqa: E402
 N_TRAIN = 2048
 
 
-def register(x, y, xv, yv) -> None:
-    """Recipes ``bench-source-array`` (A) and ``bench-source-map`` (B): the same model and data."""
+
+def images_dataset() -> type:
+    """The map-style torch Dataset a user brings: one image and its label per index (torch is
+    imported here, as every torch import in this file is, so ``--help`` needs no framework)."""
     import torch
-    import torch.nn.functional as F
 
-    from hvdtrain.torch import build_optimizer
-    from hvdtrain_recipes.image_classification.torch_models import build_model
-
-    class Images(torch.utils.data.Dataset):  # what a user brings
+    class Images(torch.utils.data.Dataset):
         def __init__(self, x, y):
             self.x, self.y = torch.from_numpy(x), y
 
@@ -50,6 +48,18 @@ def register(x, y, xv, yv) -> None:
 
         def __getitem__(self, i):
             return self.x[i], int(self.y[i])
+
+    return Images
+
+def register(x, y, xv, yv) -> None:
+    """Recipes ``bench-source-array`` (A) and ``bench-source-map`` (B): the same model and data."""
+    import torch
+    import torch.nn.functional as F
+
+    from hvdtrain.torch import build_optimizer
+    from hvdtrain_recipes.image_classification.torch_models import build_model
+
+    Images = images_dataset()
 
     for name, wrap in (("array", hvdtrain.ArrayDataset), ("map", Images)):
         hvdtrain.define_recipe(f"bench-source-{name}", description="benchmarks: data source overhead", replace=True)
@@ -91,15 +101,7 @@ def read_cost(x, y) -> dict[str, float]:
 
     from hvdtrain.core.sources import as_source
 
-    class Images(torch.utils.data.Dataset):
-        def __init__(self, x, y):
-            self.x, self.y = torch.from_numpy(x), y
-
-        def __len__(self):
-            return len(self.y)
-
-        def __getitem__(self, i):
-            return self.x[i], int(self.y[i])
+    Images = images_dataset()
 
     indices = np.random.default_rng(0).permutation(len(y))[:BATCH]
     cost = {}
