@@ -5,9 +5,10 @@ makes the CPU wait for the GPU at every update, so the GPU idles while the next 
 launched (on an H200 this was hvdtrain's one host synchronisation per step, and ResNet-50 ran at
 0.94 of a plain loop). Under ``train.nonfinite=error`` nothing has to be decided per update: the run
 stops either way. :class:`DeferredFiniteCheck` keeps, on the device, the first update whose norm was
-not finite and reads it once per window of updates (the log interval), before a checkpoint is
-written and at the end of each epoch. A non-finite update is applied in between (its weights are
-never saved: the checkpoint writer asks first), and the error names how many updates ago it was.
+not finite and reads it once per window of updates (the log interval) and at the end of each epoch.
+A non-finite update is applied in between; its weights are never saved, because ``save_state``
+refuses parameters that are not finite before writing anything. The error names how many updates
+ago the bad one was.
 ``train.nonfinite=skip`` must decide per update and keeps the synchronous check; so does a CPU, where
 reading the norm costs nothing and the error comes at the very update.
 """
