@@ -106,14 +106,13 @@ SCRIPT = textwrap.dedent('''
         signal.signal(signal.SIGINT, interrupt_button)  # whatever SIGINT was at start (ignored in a background job)
         done, seen, answers = threading.Event(), set(), []
         threading.Thread(target=attack, args=(done, seen, answers), daemon=True).start()
-        started = time.time()
         try:
             hvdtrain.run("failing-cnn", framework="torch", np=2, output=sys.argv[1], train__epochs=1,
                          train__batch_size=16, data__max_train_samples=256, data__max_val_samples=64)
         except hvdtrain.WorkerError as err:
             print("REPORT " + json.dumps({
                 "rank": err.rank, "type": err.exc_type, "message": err.message, "text": str(err),
-                "original": repr(err.exception), "seconds": time.time() - started,
+                "original": repr(err.exception),
                 "sigint_restored": signal.getsignal(signal.SIGINT) is interrupt_button,
                 "ports": sorted(seen), "answers": answers}))
         done.set()
@@ -153,7 +152,6 @@ def test_worker_failure_reaches_the_caller_with_its_traceback(tmp_path, monkeypa
     for frame in ("in train_step", "in failing_loss", 'raise ArithmeticError("loss exploded'):
         assert frame in text, text
     assert report["sigint_restored"]
-    assert report["seconds"] < 240
     assert _processes_with(marker) == []  # no worker outlived the call
 
     # the network peer: it reached every port the caller opened, and none ran its code or took its report

@@ -272,9 +272,11 @@ def test_hub_name_resolves_from_a_local_hub_cache_offline(monkeypatch, tmp_path)
     assert path == snapshot and (path / "tokenizer.json").is_file()
 
 
-def test_a_waiting_rank_sleeps_until_the_builder_finishes(tmp_path):
+def test_a_waiting_rank_sleeps_until_the_builder_finishes(tmp_path, monkeypatch):
     """The ranks that do not build wait on the builder's lock, then see the whole entry, using
-    almost no CPU (a collective would busy-poll a core each, taking the builder's cores)."""
+    almost no CPU (a collective would busy-poll a core each, taking the builder's cores). The
+    witness is what the waiter did, not a clock: while the builder holds the lock, the waiter
+    neither polls for the manifest nor sleeps in a loop (it is blocked in the lock)."""
     import threading
     import time
 
@@ -287,20 +289,31 @@ def test_a_waiting_rank_sleeps_until_the_builder_finishes(tmp_path):
     tokenizer = tokenized.load_tokenizer(model_dir(), config.text.max_length)
     holding = threading.Event()
 
+    locked = threading.Event()
+    polls_while_locked = []
+    real_sleep = time.sleep
+
+    def counted_sleep(seconds):  # the waiter (this thread) polling; time.sleep as token_cache calls it
+        if threading.current_thread() is threading.main_thread() and locked.is_set():
+            polls_while_locked.append(seconds)
+        real_sleep(seconds)
+
     def slow_builder():
         with file_lock(entry.with_name(entry.name + ".lock")):
+            locked.set()
             holding.set()
-            time.sleep(1.5)
+            real_sleep(1.5)
+            locked.clear()
         token_cache.build(entry, record, config.text, tokenizer, tokenizer.get_vocab_size())
 
     builder = threading.Thread(target=slow_builder)
     entry.parent.mkdir(parents=True)
     builder.start()
     holding.wait()
-    wall, cpu = time.monotonic(), time.thread_time()
+    monkeypatch.setattr(token_cache.time, "sleep", counted_sleep)
     token_cache.wait_until_built(entry, poll_seconds=0.05)
     assert (entry / token_cache.MANIFEST).is_file()
-    assert time.monotonic() - wall >= 1.4 and time.thread_time() - cpu < 0.3
+    assert polls_while_locked == []  # blocked on the lock for the builder's 1.5 s, not polling
     builder.join()
     arrays, _ = token_cache.open_entry(entry, record, "error")
     assert len(arrays) == 64
