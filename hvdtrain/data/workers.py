@@ -6,141 +6,34 @@ shared-memory buffer, where in it); the pixels never travel through a pipe. A wo
 to decode a file reports the file and its traceback, and the trainer raises a
 :class:`~hvdtrain.data.index.DataError` naming it.
 
-Workers never outlive the trainer: on Linux each asks the kernel for SIGKILL when its parent dies
-(``prctl(PR_SET_PDEATHSIG)``), and every worker also polls its parent's pid once a second (other
-systems, or a parent that died before the request took effect). A normal exit stops them
-through :meth:`WorkerPool.close` (also registered with ``atexit``).
-
-Shared-memory segments are named ``hvdtrain-<pid namespace>-<pid>-<start time>-<random>`` after
-the trainer that creates them. A trainer killed together with Python's resource tracker (a
-process-group kill, as Slurm does) leaves its segment in ``/dev/shm``; the next pool started on
-the host removes every such segment whose owner is gone (same pid namespace, and no live process
-with that pid and start time), never one of a live trainer (:func:`remove_dead_segments`).
+Workers never outlive the trainer and ignore the job's signals; shared-memory segments are named
+after their owner and those of killed trainers are removed at the next start
+(:mod:`hvdtrain.core.processes`). A normal exit stops the workers through :meth:`WorkerPool.close`
+(also registered with ``atexit``).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
 import multiprocessing as mp
 import os
 import queue
-import secrets
 import signal
-import sys
 import threading
-import time
 import traceback
 from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
 
-PR_SET_PDEATHSIG = 1
-SEGMENT_PREFIX = "hvdtrain-"
-SHM_DIR = "/dev/shm"
+from hvdtrain.core.processes import (JOB_SIGNALS, SEGMENT_PREFIX, SHM_DIR, remove_dead_segments,  # noqa: F401
+                                     segment_name)
+from hvdtrain.core.processes import die_with_parent as _die_with_parent
+from hvdtrain.core.processes import main_not_reimported as _main_not_reimported
 
-
-def _pid_namespace() -> str:
-    """This process's pid namespace (an inode number), or "0" where /proc does not say."""
-    try:
-        return os.readlink("/proc/self/ns/pid").split("[")[-1].rstrip("]")
-    except OSError:
-        return "0"
-
-
-def _start_time(pid: int) -> str | None:
-    """Process ``pid``'s start time in clock ticks since boot (/proc), "0" where /proc is missing
-    but the process exists, None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        pass
-    if os.path.isdir("/proc/self"):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return "0"
-
-
-def segment_name() -> str:
-    """A new segment's name, naming this process as its owner (see the module docstring)."""
-    pid = os.getpid()
-    return f"{SEGMENT_PREFIX}{_pid_namespace()}-{pid}-{_start_time(pid) or 0}-{secrets.token_hex(4)}"
-
-
-def remove_dead_segments(directory: str = SHM_DIR) -> list[str]:
-    """Unlink the shared-memory segments this module named whose owner is gone (killed with its
-    resource tracker); returns their names. Segments of another pid namespace, of a live owner, or
-    of another user are left alone."""
-    removed = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    namespace, uid = _pid_namespace(), os.getuid()
-    for name in names:
-        parts = name[len(SEGMENT_PREFIX):].split("-") if name.startswith(SEGMENT_PREFIX) else []
-        if len(parts) != 4 or parts[0] != namespace or not parts[1].isdigit():
-            continue
-        path = os.path.join(directory, name)
-        try:
-            if os.stat(path).st_uid != uid:
-                continue
-            if _start_time(int(parts[1])) == parts[2]:
-                continue  # its owner is alive
-            os.unlink(path)
-            removed.append(name)
-        except OSError:
-            continue
-    return removed
-
-
-
-@contextlib.contextmanager
-def _main_not_reimported():
-    """While workers start: hide the trainer's ``__main__`` from ``spawn``, which would otherwise
-    re-run the user's script in every worker (a script without an ``if __name__ == "__main__":``
-    guard would start a second training there and fail). Workers need only this package."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    try:
-        if "__file__" in saved:
-            del main.__dict__["__file__"]
-        if "__spec__" in saved:
-            main.__dict__["__spec__"] = None  # spawn reads it: None means "no module to import"
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.update(saved)
 
 class WorkerDied(RuntimeError):
     """A data worker process ended unexpectedly (killed, out of memory)."""
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Exit when the parent does: kernel SIGKILL on Linux, and a polling thread everywhere."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except OSError:
-            pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent_pid:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="hvdtrain-parent-watch", daemon=True).start()
 
 
 def _attach(name: str, cache: dict[str, shared_memory.SharedMemory]) -> shared_memory.SharedMemory:
@@ -152,14 +45,6 @@ def _attach(name: str, cache: dict[str, shared_memory.SharedMemory]) -> shared_m
         shm = shared_memory.SharedMemory(name=name)
         cache[name] = shm
     return shm
-
-
-# Signals a scheduler or a terminal sends to every process of a job (Slurm signals all processes of
-# a step: --signal=USR1@N, SIGTERM on preemption or requeue; Ctrl-C reaches the process group). The
-# trainer decides what they mean (a checkpoint, then exit); a worker that died of one would take its
-# batches with it. Workers ignore them and end with the trainer (_die_with_parent).
-JOB_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP")
-                    if hasattr(signal, name))
 
 
 def worker_main(parent_pid: int, tasks: Any, results: Any) -> None:
