@@ -1,7 +1,7 @@
 """Write the documentation pages that are generated from the code, never kept by hand.
 
 * ``docs/reference/config.md``: every config section and key (type, default, allowed values, help),
-  read from the config dataclasses' field metadata (:mod:`hvdtrain.core.config`, the same metadata
+  read from the config schema's field metadata (:mod:`hvdtrain.core.config_schema`, the same metadata
   ``hvdtrain recipe NAME --keys`` prints) and from each registered recipe's own sections;
 * ``docs/concepts/combinations.md``: the rulebook (:mod:`hvdtrain.core.rules`) as a table: each
   rule, when it is asked, the keys it reads and what it guards against (its docstring).
@@ -69,7 +69,7 @@ def _default(f: dataclasses.Field) -> typing.Any:
 def _core_fields() -> list[tuple[dataclasses.Field, typing.Any]]:
     """The core config's fields with their types (its sections are dataclasses); the recipes' own
     ``sections`` left out."""
-    from hvdtrain.core.config import RunConfig
+    from hvdtrain.core.config_schema import RunConfig
 
     hints = typing.get_type_hints(RunConfig)
     return [(f, hints[f.name]) for f in dataclasses.fields(RunConfig) if f.name != "sections"]
@@ -103,7 +103,7 @@ def config_page() -> str:
 
     import hvdtrain_recipes  # noqa: F401  (registers the shipped recipes)
 
-    out = [HEADER.format(source="hvdtrain/core/config.py and the recipes' sections"), "# Config keys", "",
+    out = [HEADER.format(source="hvdtrain/core/config_schema.py and the recipes' sections"), "# Config keys", "",
            "Every key a run reads, with its type, default, allowed values and help, generated from the config "
            "schema (the text `hvdtrain recipe NAME --keys` prints). Set a key with `--set section.key=value` "
            "on the command line, as `section: {key: value}` in a YAML/TOML file given with `--config`, or as "

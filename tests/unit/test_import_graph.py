@@ -147,8 +147,15 @@ def test_the_cycle_finder_finds_one():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+CONFIG = ("hvdtrain.core.config", "hvdtrain.core.config_error", "hvdtrain.core.config_files",
+          "hvdtrain.core.config_loader", "hvdtrain.core.config_schema")
+
+
 def test_config_is_a_leaf():
-    assert import_graph()["hvdtrain.core.config"] == set()
+    """The config's modules (its face, schema, files, loader and error) import only each other."""
+    graph = import_graph()
+    assert set(CONFIG) <= set(graph)
+    assert {module: graph[module] - set(CONFIG) for module in CONFIG} == {module: set() for module in CONFIG}
 
 
 def test_layers_point_one_way():

@@ -10,7 +10,7 @@ from typing import Any
 from hvdtrain.core.config import TRACKER_NAMES, tracker_names
 from hvdtrain.core.errors import TrainingError
 
-TRACKERS = TRACKER_NAMES  # declared with log.trackers in hvdtrain/core/config.py
+TRACKERS = TRACKER_NAMES  # declared with log.trackers in hvdtrain/core/config_schema.py
 REMOTE_TRACKERS = ("mlflow", "wandb")  # the ones with a run id kept in trackers.json
 INSTALL_HINT = "pip install 'hvdtrain[trackers]' (mlflow-skinny==3.17.0, wandb==0.31.0)"
 PARAM_VALUE_MAX = 500  # MLflow takes up to 6000 characters; W&B any: long lists are cut here
