@@ -52,21 +52,18 @@ LOADED: dict = {}
 def main() -> None:
     root, out = sys.argv[1], sys.argv[2]
     os.environ.setdefault("HVDTRAIN_DATA_CACHE", "/tmp/hvdtrain-startup-cache")
-    from hvdtrain_recipes.image_classification import data as image_data
-
-    original = image_data.load_image_folder
-
-    def timed_load(*args, **kwargs):
-        started = time.time()
-        train, val, classes = original(*args, **kwargs)
-        LOADED.update(index_sec=time.time() - started, built=train.index.built,
-                      index_mb=(train.index.nbytes + val.index.nbytes) / 2**20)
-        return train, val, classes
-
-    image_data.load_image_folder = timed_load
     import hvdtrain_recipes.image_classification.common as common
 
-    common.load_image_folder = timed_load
+    original = common.open_images
+
+    def timed_open(*args, **kwargs):
+        started = time.time()
+        data = original(*args, **kwargs)
+        LOADED.update(index_sec=time.time() - started, built=data.train.index.built,
+                      index_mb=(data.train.index.nbytes + data.val.index.nbytes) / 2**20)
+        return data
+
+    common.open_images = timed_open  # the recipe's one call into hvdtrain.data
     with tempfile.TemporaryDirectory(prefix="hvdtrain-startup-") as tmp:
         config = hvdtrain.load_config(hvdtrain.get_recipe("image-classification").defaults, recipe="image-classification",
                                       framework="torch", overrides=[

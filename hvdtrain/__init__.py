@@ -38,6 +38,8 @@ _EXPORTS = {
     "hvdtrain.core.task": ["ArrayDataset", "TrainTask", "accuracy_from_sums"],
     "hvdtrain.core.sources": ["SourceError", "as_source"],
     "hvdtrain.data.mnist": ["load_mnist"],
+    "hvdtrain.data.images": ["ImageData", "open_images"],
+    "hvdtrain.data.options": ["ImageOptions"],
     "hvdtrain.api": ["WorkerError", "run"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

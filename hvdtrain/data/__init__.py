@@ -1,5 +1,12 @@
 """A framework-free image pipeline (NumPy + Pillow; imports neither torch nor TensorFlow).
 
+:func:`open_images` (:mod:`hvdtrain.data.images`) is the one call that opens image data in any
+layout it reads (an ImageFolder tree, a flat validation folder with labels, WebDataset, Parquet,
+Arrow; local or remote; read at random or streamed) and returns the train and validation datasets
+and the class names; its options are :class:`ImageOptions` (:mod:`hvdtrain.data.options`, also a
+recipe's ``image`` config section). Below it:
+
+* :mod:`hvdtrain.data.layouts`: a root's layout (detected or named) and each split's shard files or URLs.
 * :mod:`hvdtrain.data.index`: a compact, cached index of one split (per sample a key, a label and
   a location), built once per host under a lock (:mod:`hvdtrain.data.entries`) and memory-mapped
   by every rank; :mod:`hvdtrain.data.shards` indexes WebDataset tars, Parquet and Arrow shards
@@ -20,6 +27,21 @@
 
 Normalisation and layout conversion happen framework-side (``hvdtrain.torch.images``,
 ``hvdtrain.tensorflow.images``), on the device where there is one. Importing this package
-loads nothing (its modules are imported by name), so config code can use the transform names
-without Pillow.
+loads nothing (its modules are imported by name, its public names on first use), so config code
+can use the transform names without Pillow.
 """
+
+import importlib
+
+_EXPORTS = {"open_images": "hvdtrain.data.images", "ImageData": "hvdtrain.data.images",
+            "ImageOptions": "hvdtrain.data.options", "DataError": "hvdtrain.data.errors"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """A public name, imported from its module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hvdtrain.data' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(module), name)
+    return value

@@ -1,5 +1,6 @@
 """The image-classification recipe's own config section, ``image`` (``--set image.key=value`` or a
-file's ``image:`` section; ``hvdtrain recipe image-classification --keys`` lists it).
+file's ``image:`` section; ``hvdtrain recipe image-classification --keys`` lists it): the options of
+:func:`hvdtrain.data.open_images`, :class:`hvdtrain.data.ImageOptions`, as they are.
 
 Three keys used to live in the core's ``data`` section; their old spellings still work, with a
 note: ``data.image_size`` -> ``image.size``, ``data.augment`` -> ``image.augment``,
@@ -8,61 +9,7 @@ note: ``data.image_size`` -> ``image.size``, ``data.augment`` -> ``image.augment
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from hvdtrain import option
-from hvdtrain.data.remote import READ_MODES
-from hvdtrain.data.transforms import POLICIES
+from hvdtrain.data.options import ImageOptions
 
 MOVED_KEYS = {"data.image_size": "image.size", "data.augment": "image.augment", "data.bad_files": "image.bad_files"}
-
-
-@dataclass
-class ImageConfig:
-    """Image size, transforms, decoding workers, bad files, the data's storage format and the validation layout."""
-
-    size: int | None = option(None, "square side of the images the model sees; None: the native size for "
-                              "images up to 64 pixels, 224 for larger ones", min=8, max=4096)
-    transform: str = option("auto", "transform policy: 'imagenet' (train: RandomResizedCrop 0.08-1, 3/4-4/3 + flip; "
-                            "val: resize to size/0.875 + centre crop), 'pad-crop' (squash, reflection-pad, random "
-                            "crop + flip), 'resize' (squash only), 'auto' (pad-crop up to 64 pixels, else imagenet)",
-                            choices=POLICIES)
-    augment: bool | None = option(None, "augment training images; None: colour images yes, grayscale no "
-                                  "(digits must not be flipped); false trains on the validation transform")
-    workers: int | None = option(None, "decoding processes per rank; None: the cores each local rank can have; "
-                                 "0 decodes in the training process", min=0, max=256)
-    bad_files: str = option("error", "unreadable images, found when decoded: 'error' stops naming the file, "
-                            "'skip' trains on a deterministic stand-in sample (same on every rank) and reports "
-                            "the count per epoch", choices=("error", "skip"))
-    val_labels: str | None = option(None, "labels CSV of a flat validation folder (root/val/*.JPEG): ImageNet's "
-                                    "LOC_val_solution.csv (ImageId,PredictionString) or file,class rows; None: "
-                                    "root/val/<class>/ folders")
-    format: str = option("auto", "how --data stores the images: 'folder' (ImageFolder train/ + val/), 'webdataset' "
-                         "(tar shards: <key>.jpg + <key>.cls|.json), 'parquet' (Hugging Face Parquet: image struct "
-                         "{bytes, path} + label), 'arrow' (datasets save_to_disk), 'auto' (detected from the layout)",
-                         choices=("auto", "folder", "webdataset", "parquet", "arrow"))
-    train_shards: str | None = option(None, "training shards: a brace pattern (train-{000000..001023}.tar), a glob "
-                                      "or a folder, relative to --data or absolute; None: the format's usual place "
-                                      "(train/*.tar or *train*.tar, data/train-*.parquet or train/*.parquet, "
-                                      "save_to_disk's train split)", resume="data")
-    val_shards: str | None = option(None, "validation shards, as image.train_shards; None: the val, validation or "
-                                    "test split in the format's usual place")
-    image_column: str | None = option(None, "Parquet/Arrow image column ({bytes, path} struct or binary); None: the "
-                                      "column whose feature is Image, else 'image' or 'img'", resume="data")
-    label_column: str | None = option(None, "Parquet/Arrow label column; None: 'label' or 'labels'", resume="data")
-    index_cache: str | None = option(None, "where the cached file index lives; None: $HVDTRAIN_DATA_CACHE/index "
-                                     "(default ~/.cache/hvdtrain/data/index)")
-    read: str = option("auto", "how shards are read: 'random' (each sample where the index says: one range request "
-                       "per sample for remote shards), 'stream' (each rank downloads whole shards in an order drawn "
-                       "from (seed, epoch), a few ahead, into a local spool), 'auto' (stream for remote shards "
-                       "(URLs), random for local ones); ImageFolder trees are read at random", choices=READ_MODES,
-                       resume="data")
-    stream_lanes: int | None = option(None, "streaming: the epoch's shards are cut into this many lanes, lane r read "
-                                      "by rank r; None: the world size at start. Set it for elastic runs or to "
-                                      "resume on another world size (it must not change within a run)", min=1,
-                                      resume="data")
-    spool_dir: str | None = option(None, "streaming: the folder the per-rank spool of whole shards is made in "
-                                   "(removed at exit); None: $TMPDIR or /tmp")
-    spool_mb: int = option(2048, "streaming: the most MiB of shards each rank spools and downloads at once", min=1)
-    spool_shards: int = option(4, "streaming: the most shards each rank spools and downloads at once (at least 2 "
-                               "keeps the next shard coming while one is read)", min=1)
+ImageConfig = ImageOptions  # the section's name in this recipe (tests and older code import it from here)

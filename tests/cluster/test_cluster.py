@@ -53,7 +53,7 @@ WORKERS_LINE = "hvdtrain: workers on h1 (ranks 0-1), h2 (ranks 2-3)"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from hvdtrain_recipes.image_classification.data import embedded_mnist
+    from hvdtrain.data.mnist import embedded_mnist
 
     hosts = Cluster(tmp_path_factory.mktemp("cluster"))
     hosts.build()

@@ -164,7 +164,7 @@ class Jobs:
 
 @pytest.fixture(scope="module")
 def cluster():
-    from hvdtrain_recipes.image_classification.data import embedded_mnist
+    from hvdtrain.data.mnist import embedded_mnist
 
     # not under pytest's basetemp: a pytest run beside this one prunes old basetemp folders, and
     # this one holds the MUNGE key the containers mount (the images and their build context are

@@ -19,7 +19,7 @@ from PIL import Image
 from hvdtrain.data.convert import convert
 from hvdtrain.data.errors import DataError
 from hvdtrain.data.shards import load_shard_index
-from hvdtrain_recipes.image_classification.data import find_shards
+from hvdtrain.data.layouts import find_shards
 
 
 def image_tree(root: Path, per_class: int = 8) -> Path:

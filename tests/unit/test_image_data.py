@@ -14,8 +14,14 @@ from benchmarks import photo_tree
 from hvdtrain.data.decode import DECODE_ERRORS, decode
 from hvdtrain.data.index import load_index
 from hvdtrain.data.transforms import SampleOp, TransformPolicy
-from hvdtrain_recipes.image_classification.config import ImageConfig
-from hvdtrain_recipes.image_classification.data import DataError, load_image_folder
+from hvdtrain.data import DataError, open_images
+from hvdtrain.data import ImageOptions as ImageConfig
+
+
+def opened(*args, **kwargs):
+    """Train, val and classes of :func:`hvdtrain.data.open_images`."""
+    data = open_images(*args, **kwargs)
+    return data.train, data.val, data.classes
 
 
 def write_tree(root, classes, per_class=3, mode="L", size=(12, 10), splits=("train", "val")):
@@ -34,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("private_index_cache")
 
 
 def load(root, seed=0, **image):
-    return load_image_folder(root, ImageConfig(**{"workers": 0, **image}), seed=seed)
+    return opened(root, ImageConfig(**{"workers": 0, **image}), seed=seed)
 
 
 def test_index_labels_sorted_classes(tmp_path):
@@ -70,10 +76,10 @@ def test_rgb_resize_and_deterministic_augmentation(tmp_path):
 
 def test_caps_take_a_seeded_subset_of_all_classes(tmp_path):
     write_tree(tmp_path, [str(i) for i in range(5)], per_class=10)
-    train, val, _ = load_image_folder(tmp_path, ImageConfig(workers=0), seed=1, max_train=20, max_val=7)
+    train, val, _ = opened(tmp_path, ImageConfig(workers=0), seed=1, max_train=20, max_val=7)
     assert len(train) == 20 and len(val) == 7
     assert len(set(train.labels_of(np.arange(20)).tolist())) > 2  # not just the first classes
-    again, _, _ = load_image_folder(tmp_path, ImageConfig(workers=0), seed=1, max_train=20)
+    again, _, _ = opened(tmp_path, ImageConfig(workers=0), seed=1, max_train=20)
     np.testing.assert_array_equal(again.rows, train.rows)
 
 

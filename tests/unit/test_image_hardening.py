@@ -13,13 +13,19 @@ import pytest
 from PIL import Image
 
 from hvdtrain.data.index import DataError, load_index
-from hvdtrain_recipes.image_classification.config import ImageConfig
-from hvdtrain_recipes.image_classification.data import load_image_folder
+from hvdtrain.data import ImageOptions as ImageConfig
+from hvdtrain.data import open_images
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 pytestmark = pytest.mark.usefixtures("private_index_cache")
+
+
+def opened(*args, **kwargs):
+    """Train, val and classes of :func:`hvdtrain.data.open_images`."""
+    data = open_images(*args, **kwargs)
+    return data.train, data.val, data.classes
 
 
 def image(path, mode="RGB", size=(40, 40), seed=0, fmt=None):
@@ -39,7 +45,7 @@ def tree(root, classes=("a", "b"), per_class=4, splits=("train", "val"), **kwarg
 
 
 def load(root, **kwargs):
-    return load_image_folder(root, ImageConfig(**{"workers": 0, **kwargs}), seed=0)
+    return opened(root, ImageConfig(**{"workers": 0, **kwargs}), seed=0)
 
 
 def test_grayscale_validation_images_get_the_training_images_channels(tmp_path):

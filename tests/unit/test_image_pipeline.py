@@ -17,10 +17,16 @@ from PIL import Image
 from hvdtrain.core import sharding
 from hvdtrain.data.index import DataError, load_index
 from hvdtrain.data.workers import WorkerPool
-from hvdtrain_recipes.image_classification.config import ImageConfig
-from hvdtrain_recipes.image_classification.data import load_image_folder
+from hvdtrain.data import ImageOptions as ImageConfig
+from hvdtrain.data import open_images
 
 CLASSES = ("ant", "bee", "cat")
+
+
+def opened(*args, **kwargs):
+    """Train, val and classes of :func:`hvdtrain.data.open_images`."""
+    data = open_images(*args, **kwargs)
+    return data.train, data.val, data.classes
 
 
 def photo(rng, width=200, height=150):
@@ -62,7 +68,7 @@ def pool():
 
 
 def datasets(root, pool=None, **image):
-    return load_image_folder(root, ImageConfig(**{"size": 32, "workers": 0, **image}), seed=5, pool=pool)
+    return opened(root, ImageConfig(**{"size": 32, "workers": 0, **image}), seed=5, pool=pool)
 
 
 def test_one_and_two_workers_give_bitwise_identical_batches(tmp_path, pool):

@@ -21,8 +21,8 @@ from hvdtrain.data import braces
 from hvdtrain.data.index import DataError
 from hvdtrain.data.shards import load_shard_index
 from hvdtrain.data.workers import WorkerPool
-from hvdtrain_recipes.image_classification.config import ImageConfig
-from hvdtrain_recipes.image_classification.data import load_image_folder
+from hvdtrain.data import ImageOptions as ImageConfig
+from hvdtrain.data import open_images
 
 if not photo_tree.available() and os.environ.get("CI") != "true":
     pytest.skip("scikit-image's photos are not installed (scripts/install.sh adds scikit-image==0.26.0)",
@@ -35,6 +35,12 @@ _spec.loader.exec_module(image_stores)
 samples, write_tars, write_parquet, write_arrow = (image_stores.samples, image_stores.write_tars,
                                                    image_stores.write_parquet, image_stores.write_arrow)
 webdataset = image_stores.webdataset
+
+
+def opened(*args, **kwargs):
+    """Train, val and classes of :func:`hvdtrain.data.open_images`."""
+    data = open_images(*args, **kwargs)
+    return data.train, data.val, data.classes
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +62,7 @@ def pool():
 
 
 def load(root, pool=None, **image):
-    return load_image_folder(root, ImageConfig(**{"size": 32, "workers": 0, **image}), seed=3, pool=pool)
+    return opened(root, ImageConfig(**{"size": 32, "workers": 0, **image}), seed=3, pool=pool)
 
 
 @pytest.mark.parametrize("fmt", ["webdataset", "parquet", "arrow"])

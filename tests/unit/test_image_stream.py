@@ -33,8 +33,8 @@ from hvdtrain.data.transforms import choose_policy
 from hvdtrain.data.workers import WorkerPool
 from http_server import http_server
 from trackers_support import free_port
-from hvdtrain_recipes.image_classification.config import ImageConfig
-from hvdtrain_recipes.image_classification.data import load_image_folder
+from hvdtrain.data import ImageOptions as ImageConfig
+from hvdtrain.data import open_images
 
 REPO = Path(__file__).resolve().parents[2]
 STORES = REPO / "tests" / "distributed" / "workers" / "image_stores.py"
@@ -56,6 +56,12 @@ pytestmark = pytest.mark.usefixtures("private_index_cache")
 
 SIZES = [5, 9, 3, 8, 8, 2, 6]  # samples per shard: 41 in 7 shards of unequal size
 SHARD_OF = np.repeat(np.arange(len(SIZES)), SIZES)
+
+
+def opened(*args, **kwargs):
+    """Train, val and classes of :func:`hvdtrain.data.open_images`."""
+    data = open_images(*args, **kwargs)
+    return data.train, data.val, data.classes
 
 
 def runs(shards: np.ndarray) -> list[int]:
@@ -263,7 +269,7 @@ def test_recipe_streams_remote_shards_named_by_url_or_listed_by_a_convert_manife
     base, url = served
     image = ImageConfig(size=32, workers=0, train_shards="train/train-{000000..000003}.tar",
                         val_shards="val/val-{000000..000003}.tar")
-    train, val, classes = load_image_folder(f"{url}/wds", image, seed=3, world_size=2)
+    train, val, classes = opened(f"{url}/wds", image, seed=3, world_size=2)
     assert classes == ["astronaut", "chelsea", "coffee"] and len(train) == 24 and len(val) == 9
     assert train.stream is not None and train.stream.plan.lanes == 2 and val.stream is not None  # auto: stream
     x, y = val.get_batch(np.arange(0, 9, 2), -1)
@@ -271,14 +277,14 @@ def test_recipe_streams_remote_shards_named_by_url_or_listed_by_a_convert_manife
     assert x.shape == (5, 32, 32, 3) and y.tolist() == val.labels_of(np.arange(5)).tolist() == [0, 0, 0, 1, 1]
     random = ImageConfig(size=32, workers=0, read="random", train_shards=f"{url}/{TARS}",
                          val_shards=f"{url}/wds/val/val-{{000000..000003}}.tar")
-    train2, _, _ = load_image_folder(None, random, seed=3)
+    train2, _, _ = opened(None, random, seed=3)
     assert train2.stream is None
     with pytest.raises(DataError, match=r"image.val_shards is not set: remote data \(http://.*/wds\) cannot be "
                                         r"searched"):
-        load_image_folder(f"{url}/wds", ImageConfig(train_shards="train/train-{000000..000003}.tar"), seed=3)
+        opened(f"{url}/wds", ImageConfig(train_shards="train/train-{000000..000003}.tar"), seed=3)
     with pytest.raises(DataError, match=r"image.read=stream reads shards; .*/folder/train is an ImageFolder tree"):
-        load_image_folder(base / "folder", ImageConfig(read="stream", workers=0), seed=3)
-    listed, listed_val, _ = load_image_folder(f"{url}/conv", ImageConfig(size=32, workers=0), seed=3, world_size=2)
+        opened(base / "folder", ImageConfig(read="stream", workers=0), seed=3)
+    listed, listed_val, _ = opened(f"{url}/conv", ImageConfig(size=32, workers=0), seed=3, world_size=2)
     assert (len(listed), len(listed_val), listed.index.kind, len(listed.index.shards)) == (24, 9, "row", 3)
     assert listed.stream is not None and listed.get_batch(np.arange(4), 0)[0].shape == (4, 32, 32, 3)
     for d in (train, val, listed, listed_val):
