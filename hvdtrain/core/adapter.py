@@ -27,7 +27,8 @@ method                    does                                                  
 
 Written once here, on what ``init`` sets: ``context()``, the object collectives and sums
 (:class:`~hvdtrain.core.collectives.Collectives`), ``barrier``, ``sync_replicas`` (the exchange's),
-``gather_state`` (pipeline stages), ``elastic_reset`` and an elastic ``snapshot`` built on
+``gather_state`` (pipeline stages), ``elastic_reset``, ``restart_window`` (the accumulation of
+an elastic sync) and an elastic ``snapshot`` built on
 ``save_state``/``load_state`` (both adapters override it with an in-memory copy). Pipeline stages
 are not a subclass: the adapter holds a :class:`~hvdtrain.core.gpipe.GPipe` driver
 (``adapter.pipeline``) that takes over the methods :data:`~hvdtrain.core.gpipe.PIPELINED` names.
@@ -261,6 +262,18 @@ class FrameworkAdapter(ABC):
         self.collectives.hvd.shutdown()
         self.collectives.hvd.init()
         compression_state.reset(self, "elastic: the job re-formed")
+
+    def restart_window(self, accumulation: int) -> None:
+        """Start a fresh accumulation window of ``accumulation`` micro-batches per worker per update
+        (every elastic sync, :mod:`hvdtrain.core.elastic`): what a window cut short by a lost worker
+        had accumulated is dropped (those micro-batches run again), and a fixed global batch re-formed
+        on another world size accumulates its new share. This default sets ``accumulation`` and calls
+        the exchange's ``restart(accumulation)`` where it has one; an adapter that accumulates
+        gradients elsewhere drops them in its own override."""
+        self.accumulation = accumulation
+        restart = getattr(getattr(self, "exchange", None), "restart", None)
+        if restart is not None:
+            restart(accumulation)
 
     def snapshot(self) -> Any:
         """An in-memory copy of model and optimizer state (elastic commits). This default keeps what

@@ -19,7 +19,11 @@ Two ways, one :class:`BatchPlan` (built by :func:`plan_for`, used by the loop):
   accumulation), the same at any world size.
 
 Positions stay as everywhere else: samples of the epoch's (padded) order consumed. A fixed global
-batch's updates end at multiples of ``G``, where every checkpoint and elastic commit is taken.
+batch's updates end at multiples of ``G``, where every checkpoint and elastic commit is taken, so an
+elastic job that re-forms on another world size continues the same updates: at the re-form
+:func:`reform_plan` re-derives the plan (each worker's share of the next update) or refuses a world
+size that cannot share it, and :func:`note_world_size` / :func:`world_size_ranges` keep which world
+size ran which updates (an epoch's ``metrics.jsonl`` row names them when there was more than one).
 """
 
 from __future__ import annotations
@@ -184,3 +188,46 @@ def as_run(config: Any, world_size: int) -> Any:
         return config
     plan = plan_for(config.train, world_size)
     return replace(config, train=replace(config.train, grad_accumulation=plan.accumulation))
+
+
+def may_reform(config: Any) -> bool:
+    """Whether each worker's accumulation can change while the job runs: an elastic job with a
+    fixed global batch (an adapter keeps its accumulation buffers even while it accumulates one)."""
+    return bool(config.train.elastic and config.train.global_batch_size is not None)
+
+
+def reform_plan(train: Any, world_size: int) -> BatchPlan:
+    """The plan after an elastic job re-formed with ``world_size`` workers (a fixed global batch:
+    each worker's new share of the same updates), or a ConfigError saying the job re-formed with a
+    world size that cannot share it and naming those that can (the same line as at the start)."""
+    try:
+        return plan_for(train, world_size)
+    except ConfigError as exc:
+        raise ConfigError(f"train.elastic=true: the job re-formed with {world_size} workers: {exc}") from None
+
+
+def note_world_size(changes: list[tuple[int, int]], first_update: int, world_size: int) -> list[tuple[int, int]]:
+    """``changes`` (``(first update, world size)`` in order) once updates from ``first_update`` on
+    run on ``world_size`` workers: later entries (updates rolled back) go, a new size is added."""
+    kept = [(first, size) for first, size in changes if first < first_update]
+    return kept if kept and kept[-1][1] == world_size else [*kept, (first_update, world_size)]
+
+
+def world_size_ranges(changes: list[tuple[int, int]], first: int, last: int) -> list[list[int]]:
+    """``[[first update, last update, world size], ...]`` of updates ``first .. last`` (1-based,
+    inclusive) from ``changes`` (:func:`note_world_size`); updates before every change are left out."""
+    ranges = []
+    for i, (start, size) in enumerate(changes):
+        end = changes[i + 1][0] - 1 if i + 1 < len(changes) else last
+        lo, hi = max(start, first), min(end, last)
+        if lo <= hi:
+            ranges.append([lo, hi, size])
+    return ranges
+
+
+def world_sizes_field(changes: Any, history: list[dict[str, Any]], step: int) -> dict[str, Any]:
+    """``{"world_sizes": [[first, last, workers], ...]}`` for an epoch row ending at update ``step``
+    (``history``: the rows before it) whose updates ran on more than one world size, else ``{}``."""
+    first = history[-1]["step"] + 1 if history and "step" in history[-1] else 1
+    ranges = world_size_ranges(list(changes or ()), first, step)
+    return {"world_sizes": ranges} if len(ranges) > 1 else {}

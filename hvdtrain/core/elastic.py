@@ -13,6 +13,15 @@ back, the next commit notices, the job re-forms with it, and it receives the sta
 between the last commit and a failure are trained again; none are skipped. :func:`commit_due`
 is the commit cadence.
 
+With a fixed global batch (``train.global_batch_size``) a re-form changes only how the same updates
+are shared: at every sync each worker's share is re-derived for the new world size
+(:func:`hvdtrain.core.batching.reform_plan`; a world size that cannot share the global batch stops
+the job on every worker, naming those that can) and the adapter starts a fresh accumulation window
+of that many micro-batches (``restart_window``: what a window cut short had accumulated is
+dropped), so the updates continue with the same samples and the same LR, bitwise in
+``train.reproducible=world-size``. Which world size ran which updates is kept (broadcast with the
+position) and an epoch's ``metrics.jsonl`` row names the ranges when it ran on more than one.
+
 Where the run starts (the output check and lock, the ``--resume`` choice) is decided in the
 state's sync, not before the loop: whoever is rank 0 at the first sync that completes plans and
 broadcasts the decision, so a rank 0 lost before that leaves the decision to the next rank 0
@@ -26,7 +35,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
-from hvdtrain.core import faults, resume
+from hvdtrain.core import batching, faults, resume
 from hvdtrain.core.rank0 import RankZeroGate
 
 # A failed collective inside a tf.function surfaces as TensorFlow's UnknownError with one of these
@@ -75,6 +84,19 @@ def agree_on_start(trainer: Any, state: Any) -> None:
     state.last_checkpoint = started.last_checkpoint
 
 
+def restart_window(trainer: Any) -> None:
+    """Every worker, at each sync: a fresh accumulation window of this world size's share of an
+    update (:func:`hvdtrain.core.batching.reform_plan`), said on rank 0 when a fixed global batch's
+    share changed."""
+    adapter, ctx, train = trainer.adapter, trainer.ctx, trainer.config.train
+    plan = batching.reform_plan(train, ctx.data_size)
+    if plan.global_batch is not None and plan.accumulation != getattr(adapter, "accumulation", None):
+        trainer.gate.print(f"hvdtrain: elastic: train.global_batch_size={plan.global_batch} on {ctx.data_size} "
+                           f"worker(s): each accumulates {plan.accumulation} micro-batch(es) of "
+                           f"{plan.micro_batch} per update (the same updates continue)")
+    adapter.restart_window(plan.accumulation)
+
+
 def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
     """Run ``body(state)`` under Horovod's elastic driver with ``state`` committed and restored."""
     from horovod.common.elastic import State, run_fn  # only elastic runs need Horovod's elastic layer
@@ -109,6 +131,8 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
 
         def sync(self) -> None:
             trainer.watchdog.beat(state.position.step, "waiting in collectives (elastic state broadcast)")
+            batching.reform_plan(trainer.config.train, trainer.ctx.data_size)  # every worker alike: a world size
+            # that cannot share a fixed global batch stops the job here, before any collective
             faults.at_first_sync(trainer.ctx.rank)  # HVDTRAIN_FAULT=kill-at-sync: a worker lost right here
             try:
                 with trainer.watchdog.phase("an elastic join: waiting for every worker, new ones included"):
@@ -117,7 +141,8 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
                     where = trainer.checks.workers(adapter)  # a joining host with other versions is named here
                     if where:
                         trainer.gate.print(where)
-                    state.position, state.history = adapter.broadcast_object((state.position, state.history))
+                    state.position, state.history, sizes = adapter.broadcast_object(
+                        (state.position, state.history, trainer.world_sizes))
             except HorovodInternalError:
                 raise
             except Exception as exc:  # TensorFlow's error for a collective a lost worker left unfinished
@@ -125,6 +150,8 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
                     raise HorovodInternalError(exc) from exc
                 raise
             trainer.plan = {k: v for k, v in trainer.pending_plan.items() if k != "new"}  # agreed by every rank
+            trainer.world_sizes = batching.note_world_size(sizes, state.position.step + 1, trainer.ctx.size)
+            restart_window(trainer)
             trainer.announce_start()  # rank 0: config.yaml (again after a re-form: the same), the lock's holder
             state.carried = None  # partial training-loss sums are per rank; restart them
             trainer._reseed(state.position)  # every rank its own dropout stream again
@@ -149,6 +176,7 @@ def run_elastic(trainer: Any, body: Callable[[Any], Any], state: Any) -> Any:
             raise
 
     trainer.plan = None  # no start agreed yet: the first sync that completes decides it
+    trainer.world_sizes = []  # (first update, world size) of each range of updates, from the first sync
     elastic_state = ElasticTrainingState()
     def reset() -> None:
         with trainer.watchdog.phase("an elastic join: Horovod re-forms the job"):

@@ -215,7 +215,8 @@ class Trainer:
                 "epoch_time_sec": time.perf_counter() - started,
                 "lr": stats.lr,
                 "world_size": ctx.size,
-                "step": stats.global_step,
+                "step": stats.global_step,  # elastic: and the world size of each range of updates, if several
+                **batching.world_sizes_field(getattr(self, "world_sizes", None), state.history, stats.global_step),
             }
             if totals["skipped"]:
                 record["skipped_updates"] = int(totals["skipped"] / ctx.size)

@@ -125,7 +125,6 @@ def refusal(config: Any) -> str | None:
          "ZeRO reduce-scatters in world-size slices"),
         (parallel.pipeline_stages > 1, f"parallel.pipeline_stages={parallel.pipeline_stages}",
          "pipeline stages cut the model, not the batch"),
-        (train.elastic, "train.elastic=true", "a re-formed job changes each worker's accumulation in place"),
         (train.mixed_precision == "fp16", "train.mixed_precision=fp16", "the loss scaler's skips differ by rank"),
         (comm.overlap == "always", "comm.overlap=always", "the gradients are combined once per update, not during "
                                                           "the backward pass"),

@@ -277,22 +277,12 @@ def global_batch_micro_batches(config: Any) -> str | None:
     return batching.config_refusal(config.train)
 
 
-def global_batch_with_elastic(config: Any) -> str | None:
-    """A re-formed elastic job would have to change each worker's accumulation in place; a
-    ``--resume`` on another world size keeps the fixed global batch instead."""
-    g = config.train.global_batch_size
-    if g is not None and config.train.elastic:
-        return (f"train.global_batch_size={g} cannot be combined with train.elastic=true yet: a re-formed job "
-                f"would change each worker's accumulation in place; resume on the new world size with --resume "
-                f"(the same updates continue), or leave train.global_batch_size unset")
-    return None
-
-
 def reproducible_with(config: Any) -> str | None:
     """Bitwise mode (``train.reproducible=world-size``, :mod:`hvdtrain.core.reproducible`) needs a
     fixed global batch and sums every micro-batch's gradient along one fixed tree: what combines
-    gradients another way (compression, Adasum, local SGD, ZeRO, pipeline stages), an elastic
-    re-formation, fp16 loss scaling, overlap and compiled steps do not keep the guarantee."""
+    gradients another way (compression, Adasum, local SGD, ZeRO, pipeline stages), fp16 loss
+    scaling, overlap and compiled steps do not keep the guarantee (an elastic re-form keeps it: the
+    same micro-batches, re-dealt, :mod:`hvdtrain.core.elastic`)."""
     return reproducible.refusal(config)
 
 
@@ -302,7 +292,7 @@ CONFIG_RULES: tuple[Callable[[Any], str | None], ...] = (
     pipeline_with_exchange, pipeline_with_accumulation, pipeline_with_adasum, pipeline_with_mixed_precision,
     pipeline_micro_batches, early_stopping_metric, pipeline_with_finetune, adasum_with_finetune,
     sharded_optimizer_with, compile_with_pipeline, compile_mode_with_tensorflow, global_batch_micro_batches,
-    global_batch_with_elastic, reproducible_with,
+    reproducible_with,
 )
 
 

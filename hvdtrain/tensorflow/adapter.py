@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.core import finetune, reproducible
+from hvdtrain.core import batching, finetune, reproducible
 from hvdtrain.core.optimizer_policy import FROM_CONFIG, OptimizerFacts
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
@@ -143,7 +143,7 @@ class TensorFlowAdapter(FrameworkAdapter):
             self.sharded = ShardedOptimizer(self.inner_optimizer, self.optimizer, self.trainable,
                                             config.parallel.shard_optimizer)
         self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tf_variables(self.trainable)] \
-            if self.accumulation > 1 and not reproducible.enabled(config) else []
+            if (self.accumulation > 1 or batching.may_reform(config)) and not reproducible.enabled(config) else []
         # The gradient exchange (hvdtrain.core.exchange) the step calls between the tape's gradients
         # and the update: Horovod's allreduce (what DistributedGradientTape runs; after accumulation
         # one fused allreduce), or hvdtrain's PowerSGD, top-k or local SGD.
@@ -440,6 +440,11 @@ class TensorFlowAdapter(FrameworkAdapter):
     def restore_snapshot(self, snapshot: Any) -> None:
         for variable, value in zip(list(self.model.variables) + self._optimizer_variables(), snapshot):
             variable.assign(value)
+
+    def restart_window(self, accumulation: int) -> None:
+        super().restart_window(accumulation)
+        for a in self.accumulators:  # a window cut short: its gradients go
+            a.assign(tf.zeros_like(a))
 
     def save_state(self, directory: Path) -> None:
         if not all(bool(np.isfinite(v.numpy()).all()) for v in self.model.trainable_variables):

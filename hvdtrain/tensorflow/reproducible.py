@@ -76,6 +76,11 @@ class TreeExchange(Stateless):
             self._apply()
         return loss.numpy()
 
+    def restart(self, accumulation: int) -> None:
+        """A fresh update of ``accumulation`` micro-batches on this worker (an elastic sync): the
+        rows and statistics of an update cut short are dropped (the model's were rolled back)."""
+        self.accumulation, self.rows, self.start = accumulation, [], None
+
     def _apply(self) -> None:
         local = self.rows
         if reproducible.blocks_are_nodes(self.accumulation):

@@ -438,6 +438,13 @@ class TorchAdapter(FrameworkAdapter):
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(optimizer_state)
 
+    @torch.no_grad()
+    def restart_window(self, accumulation: int) -> None:
+        super().restart_window(accumulation)
+        for p in self.params:  # a window cut short: its gradients go (flat buffers' views stay views)
+            if p.grad is not None:
+                p.grad.zero_()
+
     def save_state(self, directory: Path) -> None:
         if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
             raise NonFiniteStateError("model parameters are not finite")

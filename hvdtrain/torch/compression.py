@@ -227,6 +227,10 @@ class Allreduce(Stateless):
         """Around ``optimizer.step()``: the gradients are reduced already."""
         return self.optimizer.skip_synchronize()
 
+    def restart(self, accumulation: int) -> None:
+        """An elastic sync: the hooks start the allreduces after ``accumulation`` backward passes."""
+        self.optimizer.set_backward_passes_per_step(accumulation)
+
 
 class Compressed:
     """A compressor (:class:`PowerSGD`, :class:`TopK`) exchanging the parameters' gradients."""

@@ -91,6 +91,13 @@ class TreeExchange(Stateless):
         self.rows, self.start = [], None
         return [p.grad for p in self.params]
 
+    def restart(self, accumulation: int) -> None:
+        """A fresh update of ``accumulation`` micro-batches on this worker (an elastic sync): the
+        rows and statistics of an update cut short are dropped (the model's were rolled back)."""
+        self.accumulation, self.rows, self.start, self.pending = accumulation, [], None, False
+        for p in self.params:
+            p.grad = None
+
     def stepping(self) -> Any:
         """Nothing around the optimizer's step."""
         return contextlib.nullcontext()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 from numpy_adapter import NumpyAdapter
 from toyrun import fit
@@ -101,3 +102,30 @@ def test_the_default_snapshot_puts_back_what_save_state_writes(tmp_path):
     assert all((adapter.model.params[k] == saved[k]).all() for k in saved)
     assert all((adapter.velocity[k] == velocity[k]).all() for k in velocity)
     assert run.result.final["epoch"] == 1
+
+
+class WindowedNumpyAdapter(ElasticNumpyAdapter):
+    """Drops a window cut short at an elastic sync (``restart_window``), as the real adapters do."""
+
+    def restart_window(self, accumulation):
+        super().restart_window(accumulation)
+        self.pending = None
+
+
+def test_a_fixed_global_batch_rolled_back_inside_an_update_ends_as_if_never_interrupted(tmp_path, monkeypatch):
+    """Issue 42, item 2: a failure inside an update's accumulation window (the first of its two
+    micro-batches done) rolls back to the commit at update 6; every sync restarts the window, so the
+    half-window's gradient is not added to the next update and the run ends with the uninterrupted
+    run's weights, bit for bit (no dropout: a rollback reseeds the rank's own stream)."""
+    import numpy_adapter
+
+    monkeypatch.setattr(numpy_adapter, "DROPOUT", 0.0)
+    common = ("train.elastic=true", "train.elastic_commit_every=5", "train.global_batch_size=16")  # 2 x 8 per update
+    smooth = WindowedNumpyAdapter()
+    fit(tmp_path / "smooth", *common, adapter=smooth)
+    broken = WindowedNumpyAdapter(fail_before=9)
+    run = fit(tmp_path / "broken", *common, adapter=broken)
+    assert broken.rollbacks == [6] and broken.updates == smooth.updates == 12
+    assert broken.accumulation == 2
+    assert all(np.array_equal(broken.model.params[k], smooth.model.params[k]) for k in smooth.model.params)
+    assert [r["step"] for r in run.metrics()] == [6, 12] and "world_sizes" not in run.metrics()[1]

@@ -118,3 +118,42 @@ def test_the_lr_schedule_counts_samples_the_same_at_any_world_size():
                       for e in range(3) for k in range(steps)]
     assert lrs[1] == lrs[2] == lrs[4]
     assert len(set(lrs[1])) > 3  # warmup and decay: the witness is not a constant
+
+
+def test_an_elastic_re_form_re_deals_the_same_updates_4_then_2_then_4_workers():
+    """Item 2: an elastic job re-formed at an update boundary takes the same samples per update
+    with its new share (4 workers for two updates, 2 for two, 4 again): the updates of a 4-worker run."""
+    train = config(global_batch_size=8, batch_size=2, elastic=True).train
+    full = updates([batching.plan_for(train, 4)] * 4, 48)
+    plans = [batching.reform_plan(train, n) for n in (4, 2, 4)]
+    assert [p.accumulation for p in plans] == [1, 2, 1]
+    taken = [u for i, p in enumerate(plans) for u in updates([p] * p.world_size, 48, start=16 * i)[:2]]
+    assert [u.tolist() for u in taken] == [u.tolist() for u in full]
+
+
+def test_an_elastic_re_form_on_a_world_size_that_cannot_share_stops_naming_those_that_can():
+    train = config(global_batch_size=16, batch_size=4, elastic=True).train
+    with pytest.raises(ConfigError) as refused:
+        batching.reform_plan(train, 3)
+    assert str(refused.value) == (
+        "train.elastic=true: the job re-formed with 3 workers: train.global_batch_size=16 is 4 micro-batches of "
+        "train.batch_size=4, which 3 workers cannot share equally; launch 1, 2, 4 workers (the world sizes that "
+        "divide 4), or change train.batch_size")
+    assert rules.refusal(config(global_batch_size=16, batch_size=4, elastic=True)) is None  # no longer refused
+    assert batching.may_reform(config(global_batch_size=16, elastic=True))
+    assert not batching.may_reform(config(elastic=True)) and not batching.may_reform(config(global_batch_size=16))
+
+
+def test_the_world_size_of_each_range_of_updates():
+    changes = batching.note_world_size([], 1, 4)
+    changes = batching.note_world_size(changes, 11, 2)  # re-formed on 2 workers after update 10
+    changes = batching.note_world_size(changes, 11, 2)  # a sync on the same workers changes nothing
+    changes = batching.note_world_size(changes, 17, 4)  # back to 4 after update 16
+    assert changes == [(1, 4), (11, 2), (17, 4)]
+    assert batching.world_size_ranges(changes, 7, 24) == [[7, 10, 4], [11, 16, 2], [17, 24, 4]]
+    assert batching.world_size_ranges(changes, 17, 24) == [[17, 24, 4]]
+    assert batching.note_world_size(changes, 15, 2) == [(1, 4), (11, 2)]  # rolled back before update 17
+    assert batching.world_sizes_field(changes, [{"epoch": 1, "step": 6}], 12) == {
+        "world_sizes": [[7, 10, 4], [11, 12, 2]]}
+    assert batching.world_sizes_field(changes, [{"epoch": 2, "step": 24}], 30) == {}  # one world size: the row's
+    assert batching.world_sizes_field(None, [], 6) == {}  # not elastic

@@ -104,8 +104,6 @@ CONFIG_CASES = [
      ["train.compile=reduce-overhead", "train.compile=default"]),
     (rules.global_batch_micro_batches, ["train.global_batch_size=30", "train.batch_size=4"],
      ["train.global_batch_size=30", "train.batch_size=4"]),
-    (rules.global_batch_with_elastic, ["train.global_batch_size=32", "train.elastic=true"],
-     ["train.global_batch_size=32", "train.elastic=true", "--resume"]),
     (rules.reproducible_with, ["train.reproducible=world-size", "train.global_batch_size=32", "train.batch_size=4",
                                "comm.compression=powersgd"],
      ["train.reproducible=world-size", "comm.compression=powersgd"]),

@@ -105,10 +105,15 @@ class Stop(Exception):
 
 
 class Hashes(Callback):
-    """The SHA-256 of the model's state after every update."""
+    """The SHA-256 of the model's state after every update (an update run again after an elastic
+    rollback: its last run's)."""
 
     def __init__(self, model, start: int) -> None:
-        self.model, self.hashes, self.step, self.first = model, [], start, start + 1
+        self.model, self.by_step, self.step, self.first = model, {}, start, start + 1
+
+    @property
+    def hashes(self) -> list[str]:
+        return [self.by_step[k] for k in sorted(self.by_step)]
 
     def on_step_end(self, epoch, step, logs):
         if logs["global_step"] != self.step:
@@ -117,7 +122,7 @@ class Hashes(Callback):
             for name, array in state(self.model):
                 digest.update(name.encode())
                 digest.update(np.ascontiguousarray(array).tobytes())
-            self.hashes.append(digest.hexdigest())
+            self.by_step[self.step] = digest.hexdigest()
 
 
 def torch_task(config, dropout):
