@@ -213,9 +213,11 @@ def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None 
     None values, which is what the CLI's optional flags pass. ``schema`` is the recipe's
     :class:`Schema`, or a function giving it for the recipe in force (the last ``recipe`` given,
     else the default): its own sections and the old spellings of keys it moved out of the core
-    (``data.image_size`` -> ``image.size``), which still work with a note on rank 0 saying where
-    the key went. :func:`hvdtrain.core.resolve.load_config` passes the registry's recipes and
-    asks the rulebook.
+    (``data.image_size`` -> ``image.size``), which still work. What the loader rewrote (an old
+    spelling, ``train.fp16_allreduce``'s alias) is in ``config.notes``, one line each, which rank 0
+    prints as the run begins (:class:`hvdtrain.core.visibility.ConfigNotes`): the loader prints
+    nothing, as it runs on every rank before Horovod knows which one is rank 0.
+    :func:`hvdtrain.core.resolve.load_config` passes the registry's recipes and asks the rulebook.
     """
     file_data = read_file(file) if file else {}
     pairs = [(key.replace("__", "."), value) for key, value in top.items() if value is not None]
@@ -227,12 +229,13 @@ def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None 
         schema = schema(recipe)
     schema = schema or Schema()
     data: dict[str, Any] = {}
+    notes: list[str] = []
     for layer in (defaults or {}, file_data):
-        data = merge(data, _apply_moves(layer, schema, recipe))
+        data = merge(data, _apply_moves(layer, schema, recipe, notes))
     for key, value in pairs:
         layer: dict[str, Any] = {}
         _set_path(layer, key, value)
-        relocated = _apply_moves(layer, schema, recipe)
+        relocated = _apply_moves(layer, schema, recipe, notes)
         if relocated != layer:  # an old spelling: set at its new place
             data = merge(data, relocated)
         else:
@@ -240,12 +243,11 @@ def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None 
     config = from_dict(RunConfig, data, sections=dict(schema.sections), foreign_sections=schema.foreign_sections)
     if config.train.fp16_allreduce and config.comm.compression == "none":  # one key for fp16: the alias
         config.comm.compression = "fp16"
-        _note("train.fp16_allreduce", "train.fp16_allreduce=true is the older spelling of comm.compression=fp16; "
-                                      "the old key still works")
-    return validate(config)
-
-
-_NOTED: set[str] = set()
+        notes.append("train.fp16_allreduce=true is the older spelling of comm.compression=fp16; the old key "
+                     "still works")
+    config = validate(config)
+    config.notes = tuple(dict.fromkeys(notes))  # an instance attribute, carried where the config is pickled
+    return config
 
 
 def _pop_path(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
@@ -259,33 +261,21 @@ def _pop_path(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
     return True, node.pop(parts[-1])
 
 
-def _apply_moves(layer: dict[str, Any], schema: Schema, recipe: str) -> dict[str, Any]:
-    """``layer`` with every old key spelling the recipe moved rewritten to its new place; an old
-    key that another recipe moved is an error naming where it belongs."""
+def _apply_moves(layer: dict[str, Any], schema: Schema, recipe: str, notes: list[str]) -> dict[str, Any]:
+    """``layer`` with every old key spelling the recipe moved rewritten to its new place (a line
+    for each in ``notes``); an old key that another recipe moved is an error naming where it belongs."""
     layer = copy.deepcopy(layer)
     for old, new in schema.moved_keys.items():
         found, value = _pop_path(layer, old)
         if found:
             _set_path(layer, new, value)
-            _note(old, f"{old} is now {new} (a key of recipe {recipe}); the old spelling still works")
+            notes.append(f"{old} is now {new} (a key of recipe {recipe}); the old spelling still works")
     for old, (new, owner) in schema.foreign_moves.items():
         found, _ = _pop_path(copy.deepcopy(layer), old)
         if found:
             raise ConfigError(f"unknown config key {old}: it moved to {new}, a key of recipe {owner}; "
                               f"recipe {recipe} has no such key")
     return layer
-
-
-def _note(key: str, message: str) -> None:
-    """Print ``message`` once per process, on rank 0 only (or outside a launcher)."""
-    import os
-    import sys
-
-    rank = next((os.environ[v] for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK") if v in os.environ), "0")
-    if key not in _NOTED and rank == "0":
-        _NOTED.add(key)
-        print(f"hvdtrain: note: {message}", file=sys.stderr, flush=True)
-
 
 
 def dump_yaml(config: RunConfig | dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""The callbacks the core gives every run: the ``train.log_every`` line, the recipe's export,
-and the watchdog around fault injection.
+"""The callbacks the core gives every run: the config's notes, the ``train.log_every`` line, the
+recipe's export, and the watchdog around fault injection.
 
 :func:`run_callbacks` wraps the Trainer's callbacks (those the caller gave; ``hvdtrain.Trainer``
 adds the progress bar and the trackers of ``log.trackers``: :mod:`hvdtrain.trainer`) in the ones a
@@ -8,12 +8,28 @@ run needs once its watchdog and task exist, in the order they run.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.faults import FaultInjection
 from hvdtrain.core.watchdog import StallWatchdog, WatchdogCallback
+
+
+class ConfigNotes(Callback):
+    """Rank 0 prints what the config's loader rewrote (``config.notes``: an old key spelling,
+    ``train.fp16_allreduce``'s alias; :func:`hvdtrain.core.config.load_config`), once, as the run
+    begins: the loader runs on every rank before Horovod says which one is rank 0."""
+
+    def __init__(self, config: Any):
+        self.notes = tuple(getattr(config, "notes", ()))
+
+    def on_train_begin(self, ctx: Any, info: dict[str, Any]) -> None:
+        if ctx.is_main:
+            for note in self.notes:
+                print(f"hvdtrain: note: {note}", file=sys.stderr, flush=True)
+        self.notes = ()  # once (an elastic reset begins again)
 
 
 class StepLog(Callback):
@@ -50,7 +66,7 @@ class ExportModel(Callback):
 
 def run_callbacks(config: Any, watchdog: StallWatchdog, export: Callable[[Path], Any] | None, output: Path,
                   callbacks: Callback) -> CallbackList:
-    """One run's callbacks in order: the watchdog's beats around fault injection, the export,
-    ``callbacks`` (the defaults and the caller's), the ``train.log_every`` line."""
-    return CallbackList([WatchdogCallback(watchdog, FaultInjection()), ExportModel(export, output), callbacks,
-                         StepLog(config)])
+    """One run's callbacks in order: the watchdog's beats around fault injection, the config's
+    notes, the export, ``callbacks`` (the defaults and the caller's), the ``train.log_every`` line."""
+    return CallbackList([WatchdogCallback(watchdog, FaultInjection()), ConfigNotes(config), ExportModel(export, output),
+                         callbacks, StepLog(config)])
