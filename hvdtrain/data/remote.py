@@ -94,7 +94,13 @@ def _retried(url: str, doing: str, call, reading: bool = False, first: bool = Fa
     """``call()``, tried :data:`ATTEMPTS` times (a file that does not exist: once). ``reading``: a
     sample's read, whose every failure is a :class:`RemoteError` (never taken for a bad image);
     ``first``: the first contact with the URL, where a server that cannot be reached is bad input
-    (a DataError naming it)."""
+    (a DataError naming it).
+
+    A loop of its own rather than a retry library (checked 2026-11-28): urllib3's ``Retry`` does not
+    apply (fsspec reaches HTTP through aiohttp, S3 through botocore), and ``tenacity``, which is not
+    installed, would replace only the loop and the sleep (about 5 of these 19 lines): what to retry
+    (not a missing file, not a local disk's error) and which error a last failure becomes (a
+    sample's read, a first contact) stay here, for one more dependency."""
     for attempt in range(ATTEMPTS):
         try:
             return call()
