@@ -40,6 +40,7 @@ from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.redact import redact_values
 from hvdtrain.core.resume import METRICS_FILE, Position
 from hvdtrain.core.saving import CheckpointPolicy
+from hvdtrain.core.visibility import ConfigNotes
 from hvdtrain.core.watchdog import StallWatchdog
 from hvdtrain.torch.adapter import TorchAdapter
 from hvdtrain.torch.positioned import PositionedLoader, loader_facts
@@ -160,6 +161,7 @@ class OwnLoop:
         self.adapter = adapter = TorchAdapter()
         self.ctx = ctx = adapter.init(config)  # launch.start: the launcher's environment, hvd.init()
         rules.check_job(config, ctx)  # the job's rules (world size, MPI, GPU), on every rank alike
+        ConfigNotes(config).on_train_begin(ctx, {})  # what the config's loader rewrote, on rank 0
         task = SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler)
         self.facts = adapter.describe_optimizer(task)  # a scheduler of another optimizer is refused
         adapter.task_lr = True  # your optimizer's LR runs; hvdtrain's schedule is off
