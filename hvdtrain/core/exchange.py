@@ -26,6 +26,11 @@ Where each framework calls it:
 ``state``/``load_...`` :mod:`hvdtrain.core.compression_state` (``gather`` / ``restore``), eagerly
 =====================  ===========================================  ==========================================
 
+Which exchange runs is decided once, by :func:`hvdtrain.core.exchange_plan.plan_exchange`; each
+framework's factory (:mod:`hvdtrain.torch.exchanges`, :mod:`hvdtrain.tensorflow.exchanges`) builds it,
+with the optimizer the adapter steps and a state keeper for what differs when the optimizer state is
+sharded, so the adapters never branch on the kind.
+
 The exchanges, each in both frameworks (``hvdtrain/<framework>/compression.py``):
 
 * ``Allreduce``: Horovod's own allreduce, average or Adasum, optional float16 on the wire. In
@@ -107,6 +112,9 @@ class GradientExchange(Protocol):
     #: Whether :meth:`state` has anything to keep (decided by the kind of exchange, so the same on
     #: every rank: the checkpoint's gather is a collective only when it is True).
     keeps_state: bool
+    #: Whether every rank's running statistics (BatchNorm) are equal after an update already, so
+    #: ``sync_model_buffers`` has nothing to average (bitwise mode's tree sums them too).
+    buffers_agree: bool
 
     def reduce(self, grads: list[Any]) -> list[Any]:
         """The gradients every rank applies, from this rank's local ``grads`` (a collective)."""
@@ -126,12 +134,16 @@ class GradientExchange(Protocol):
     def reset(self) -> None:
         """Start afresh: a resume on another world size, or an elastic re-formation."""
 
+    def restart(self, accumulation: int) -> None:
+        """An elastic sync: a fresh update of ``accumulation`` micro-batches on this worker."""
+
 
 class Stateless:
     """Mix-in for an exchange with no state and nothing to do after the update."""
 
     plan: Any = None
     keeps_state = False
+    buffers_agree = False
 
     def after_update(self) -> None:
         """Nothing to do."""
@@ -149,6 +161,9 @@ class Stateless:
 
     def reset(self) -> None:
         """No state."""
+
+    def restart(self, accumulation: int) -> None:
+        """Nothing counts the micro-batches here."""
 
 
 def state_format(state: dict[str, Any]) -> int:

@@ -40,7 +40,9 @@ class World:
 
 def fp16_allreduce(config: Any) -> bool:
     """Whether gradients travel as float16: ``comm.compression=fp16``, or its older spelling
-    ``train.fp16_allreduce=true`` (kept as an alias)."""
+    ``train.fp16_allreduce=true`` (kept as an alias; with PowerSGD or top-k their factors or values
+    travel as float16). The one place that resolves the alias: :func:`hvdtrain.core.exchange_plan.plan_exchange`
+    calls it and everything else reads the plan's ``fp16_wire``."""
     return config.comm.compression == "fp16" or config.train.fp16_allreduce
 
 
@@ -93,7 +95,7 @@ def adasum_with_update_rewrites(config: Any) -> str | None:
 def local_sgd_with_compression(config: Any) -> str | None:
     """Local SGD exchanges parameters, not gradients: nothing to compress."""
     comm = config.comm
-    if comm.local_sgd_steps > 1 and (comm.compression != "none" or fp16_allreduce(config)):
+    if comm.local_sgd_steps > 1 and (comm.compression != "none" or config.train.fp16_allreduce):
         other = f"comm.compression={comm.compression}" if comm.compression in COMPRESSORS else _fp16_key(config)
         return (f"comm.local_sgd_steps={comm.local_sgd_steps} exchanges parameters, not gradients, so it cannot be "
                 f"combined with {other}; use comm.compression=none and train.fp16_allreduce=false, or "

@@ -24,24 +24,22 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain.core import batching, finetune, reproducible
+from hvdtrain.core import finetune, reproducible
 from hvdtrain.core.optimizer_policy import FROM_CONFIG, OptimizerFacts
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
-from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.compiled import FirstStepClock
-from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.errors import type_name
+from hvdtrain.core.exchange_plan import ExchangePlan, Workers, plan_exchange
 from hvdtrain.core.gpipe import GPipe, pipelined
-from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain import launch
-from hvdtrain.tensorflow import compiled
+from hvdtrain.tensorflow import compiled, exchanges
 from hvdtrain.tensorflow import reproducible as bitwise
 from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, load_variables, save_variables
-from hvdtrain.tensorflow.compression import Allreduce, build_exchange, tf_variables
+from hvdtrain.tensorflow.compression import tf_variables
+from hvdtrain.tensorflow.exchanges import WholeState
 from hvdtrain.tensorflow.finetune import BackboneControl, head_variables
-from hvdtrain.tensorflow.sharded import ShardedExchange, ShardedOptimizer
 
 SEED_STRIDE = 1_000_003  # rank r's layer seeds are rank 0's plus r times this
 
@@ -121,43 +119,26 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.accumulation = train_config.grad_accumulation
         self.grad_clip_norm = optim_config.grad_clip_norm
         self.nonfinite = train_config.nonfinite
-        self.compression = hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none
-        self.reduce_op = hvd.Adasum if config.comm.reduction == "adasum" and hvd.size() > 1 else hvd.Average
         threads = tf.config.threading.get_intra_op_parallelism_threads() or (os.cpu_count() or 1)
-        self.overlap = overlap_gradients(config.comm, bool(tf.config.list_logical_devices("GPU")), hvd.local_size(),
-                                         threads, os.cpu_count() or 1)
-        # Horovod 0.28.1's grouped_allreduce fails with Adasum ("'tensor' is used before assignment"),
-        # so Adasum reduces tensor by tensor.
-        self.gradient_groups = None if self.overlap or self.reduce_op == hvd.Adasum else 1
+        # The gradient exchange (hvdtrain.core.exchange), planned once (hvdtrain.core.exchange_plan; the
+        # rulebook allowed it) and built by hvdtrain.tensorflow.exchanges below, which the step calls
+        # between the tape's gradients and the update.
+        self.plan = plan_exchange(config, Workers(hvd.size(), hvd.local_size(),
+                                                  bool(tf.config.list_logical_devices("GPU")), threads,
+                                                  os.cpu_count() or 1))
+        self.overlap = self.plan.overlap
         if not self.model.built:
             sample, _ = task.train_data.get_batch(np.arange(1), 0)
             self.model(_as_tensor(sample), training=False)
         self.trainable = self.model.trainable_variables
-        self.sharded = None  # parallel.shard_optimizer (hvdtrain.tensorflow.sharded; the rulebook allowed it)
-        if config.parallel.shard_optimizer == "none":
-            self.optimizer.build(self.trainable)  # create slots now so they can be broadcast
         self.buffers = [v for v in self.model.non_trainable_variables
                         if v.dtype in ("float16", "bfloat16", "float32", "float64")]  # BatchNorm statistics
         self._fine_tuning(task, config)
-        if config.parallel.shard_optimizer != "none":  # the optimizer state and its update in 1/N slices
-            self.sharded = ShardedOptimizer(self.inner_optimizer, self.optimizer, self.trainable,
-                                            config.parallel.shard_optimizer)
-        self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tf_variables(self.trainable)] \
-            if (self.accumulation > 1 or batching.may_reform(config)) and not reproducible.enabled(config) else []
-        # The gradient exchange (hvdtrain.core.exchange) the step calls between the tape's gradients
-        # and the update: Horovod's allreduce (what DistributedGradientTape runs; after accumulation
-        # one fused allreduce), or hvdtrain's PowerSGD, top-k or local SGD.
-        plan = comm_plan(config)
-        if reproducible.enabled(config):  # bitwise mode (hvdtrain.tensorflow.reproducible): one fixed tree
-            self.exchange, self.overlap = bitwise.TreeExchange(self, self.accumulation), False
-        elif self.sharded is not None:
-            self.exchange = ShardedExchange(self.sharded, self.trainable, self.compression)
-            self.overlap = False  # the flat gradients are reduced once per update
-        elif plan is None:
-            groups = self.gradient_groups if self.accumulation == 1 else (None if self.reduce_op == hvd.Adasum else 1)
-            self.exchange = Allreduce(self.trainable, self.compression, self.reduce_op, groups)
-        else:
-            self.exchange = build_exchange(plan, self.trainable, self.model, self.optimizer)
+        # the exchange, the micro-batch's step, the accumulators and whether the optimizer state is
+        # sharded (its slots are created here, whole or 1/N, so they can be broadcast)
+        wiring = exchanges.build(self.plan, config, self)
+        self.exchange, self.optimizer_state, self._train_step = wiring.exchange, wiring.state, wiring.train_step
+        self.accumulators = wiring.accumulators
         self._steps: dict[bool, tuple[Any, Any]] = {}  # per frozen-backbone mode: (apply, accumulate) step
         # train.compile (hvdtrain.tensorflow.compiled): the forward and gradient by XLA, the rest as it is
         self.compile_mode = train_config.compile
@@ -166,11 +147,11 @@ class TensorFlowAdapter(FrameworkAdapter):
         self._eval = tf.function(self._eval_step, reduce_retracing=True, autograph=False)
         # The schedule's learning rate goes into the update step's graph (set_learning_rate records
         # it) where the optimizer's is a variable: the sharded optimizer sets its own eagerly.
-        lr = self.optimizer.learning_rate
-        self._lr_variable = lr if isinstance(lr, keras.Variable) and self.sharded is None and not self.task_lr else None
-        self._lr = float(lr.numpy()) if self._lr_variable is not None else None
+        self._lr_variable = None if self.task_lr else self.optimizer_state.graph_learning_rate(self.optimizer)
+        self._lr = float(self._lr_variable.numpy()) if self._lr_variable is not None else None
 
-    sharded: ShardedOptimizer | None = None  # parallel.shard_optimizer's, set by prepare()
+    plan: ExchangePlan | None = None  # the run's exchange plan, set by prepare()
+    optimizer_state = WholeState()  # whole or sharded optimizer state (hvdtrain.tensorflow.exchanges), set by prepare()
     _lr_variable: Any = None  # the optimizer's LR variable the update step assigns (prepare(); None: set eagerly)
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0
@@ -201,10 +182,8 @@ class TensorFlowAdapter(FrameworkAdapter):
                               type_name(schedule) if schedule is not None else None)
 
     def learning_rate(self) -> float:
-        if self.sharded is not None:
-            optimizer = self.sharded.inner
-        else:  # pipeline stages set the adapter's optimizer only
-            optimizer = getattr(self, "inner_optimizer", None) or self.optimizer
+        # pipeline stages set the adapter's optimizer only
+        optimizer = self.optimizer_state.learning_rate_owner(getattr(self, "inner_optimizer", None) or self.optimizer)
         return float(np.asarray(optimizer.learning_rate))
 
     def _fine_tuning(self, task: Any, config: Any) -> None:
@@ -246,9 +225,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         scaling: unscale first; after a finite update grow the scale every ``dynamic_growth_steps``,
         after an overflow halve it (Keras's LossScaleOptimizer rule)."""
         grads = [tf.convert_to_tensor(g) for g in grads]
-        variables, optimizer = self.trainable, self.inner_optimizer
-        if self.sharded is not None:  # this rank's slices of the flat gradients and of the parameters
-            variables, optimizer = self.sharded.shards, self.sharded.inner
+        # sharded: this rank's slices of the flat gradients and of the parameters, the shard optimizer
+        variables, optimizer = self.optimizer_state.update_target(self.trainable, self.inner_optimizer)
         if self._frozen:  # (read when traced) a frozen backbone gets no update at all: the head's only
             keep = self.control.head_mask
             grads = [g for g, k in zip(grads, keep) if k]
@@ -256,7 +234,7 @@ class TensorFlowAdapter(FrameworkAdapter):
         scaler = self.optimizer if self.loss_scaling else None
         if scaler is not None:
             grads = [g / tf.cast(scaler.dynamic_scale, g.dtype) for g in grads]
-        norm = tf.linalg.global_norm(grads) if self.sharded is None else self.sharded.global_norm(grads)
+        norm = self.optimizer_state.global_norm(grads)  # sharded: across the ranks' slices (distributed)
         finite = tf.math.is_finite(norm)
         if self.grad_clip_norm is not None:
             grads, _ = tf.clip_by_global_norm(grads, self.grad_clip_norm, use_norm=norm)
@@ -308,8 +286,7 @@ class TensorFlowAdapter(FrameworkAdapter):
             for a in self.accumulators:
                 a.assign(tf.zeros_like(a))
         applied = self._update(self.exchange.reduce(grads))  # distributed: the gradient exchange
-        if self.sharded is not None:
-            self.sharded.gather()  # distributed: the updated slices make the whole model on every rank
+        self.optimizer_state.after_update()  # sharded, distributed: the updated slices make the whole model
         self.exchange.after_update()
         return loss, applied
 
@@ -331,12 +308,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         return [v for v in self.model.variables if "seed_generator_state" in getattr(v, "path", v.name)]
 
     def broadcast_state(self, root_rank: int = 0) -> None:
-        if self.sharded is not None:  # each rank keeps its slice of the root's optimizer state
-            hvd.broadcast_variables(tf_variables(self.model.variables), root_rank=root_rank)  # distributed
-            self.sharded.broadcast(root_rank)  # distributed
-        else:
-            variables = tf_variables(self.model.variables) + tf_variables(self.optimizer.variables)
-            hvd.broadcast_variables(variables, root_rank=root_rank)  # distributed: model + optimizer state
+        # model and optimizer state: whole, or each rank its slice of the root's (ZeRO)
+        self.optimizer_state.broadcast(self.model, self.optimizer, root_rank)  # distributed
         # The layers' seed states came from rank 0 too: each rank draws its own dropout masks.
         offset_seed_states(self._seed_states(), hvd.rank())
 
@@ -357,7 +330,7 @@ class TensorFlowAdapter(FrameworkAdapter):
         stats = self.buffers  # a frozen backbone's statistics are equal everywhere and stay as they are
         if self._frozen:
             stats = [v for v in stats if id(v) not in self.control.frozen_stats]
-        if not stats or hvd.size() == 1 or getattr(self.exchange, "buffers_agree", False):
+        if not stats or hvd.size() == 1 or self.exchange.buffers_agree:
             return
         averaged = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in stats], op=hvd.Average,  # distributed
                                          name=self._name("sync_buffers"))
@@ -380,24 +353,24 @@ class TensorFlowAdapter(FrameworkAdapter):
             self._lr = float(lr)
             return
         self.optimizer.learning_rate = lr
-        if self.sharded is not None:
-            self.sharded.set_learning_rate(lr)
+        self.optimizer_state.set_learning_rate(lr)  # sharded: the shard optimizer's too
 
     def gather_state(self) -> None:
-        if self.sharded is not None:
-            self.sharded.collect()  # distributed: rank 0 holds the whole optimizer state to save
+        self.optimizer_state.gather()  # sharded, distributed: rank 0 holds the whole optimizer state to save
 
     def _optimizer_variables(self, checkpoint: bool = False) -> list[Any]:
         """The optimizer's variables; sharded: in a checkpoint the whole state in data parallelism's
         layout (:meth:`ShardedOptimizer.checkpoint_variables`), in memory this rank's."""
-        if self.sharded is None:
-            return self.optimizer.variables
-        return self.sharded.checkpoint_variables() if checkpoint else self.sharded.variables()
+        return self.optimizer_state.optimizer_variables(self.optimizer, checkpoint)
 
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> Any:
-        if isinstance(self.exchange, bitwise.TreeExchange):  # bitwise mode: the exchange runs each micro-batch
-            return self.exchange.train_step(_as_tensor(inputs), tf.convert_to_tensor(targets), apply_update,
-                                            1.0 / self.accumulation if weight is None else weight)
+        # the planned exchange's micro-batch step (hvdtrain.tensorflow.exchanges): graph_train_step, or
+        # bitwise mode's, where the exchange runs each micro-batch
+        return self._train_step(inputs, targets, apply_update, weight)
+
+    def graph_train_step(self, inputs: Any, targets: Any, apply_update: bool = True,
+                         weight: float | None = None) -> Any:
+        """One micro-batch through the traced steps: accumulate, or apply the update."""
         train_apply, train_accumulate = self._step_functions()
         step = train_apply if apply_update or not self.accumulators else train_accumulate
         weight = tf.constant(1.0 / self.accumulation if weight is None else weight, dtype=tf.float32)
@@ -453,8 +426,7 @@ class TensorFlowAdapter(FrameworkAdapter):
             save_variables(Path(directory) / MODEL_FILE, self.model.variables)
             save_variables(Path(directory) / OPTIMIZER_FILE, self._optimizer_variables(checkpoint=True))
         finally:
-            if self.sharded is not None:
-                self.sharded.release()  # distributed: the slots not saved still come (every rank alike)
+            self.optimizer_state.after_save()  # sharded, distributed: the slots not saved still come
 
     def load_state(self, directory: Path) -> None:
         load_variables(Path(directory) / MODEL_FILE, self.model.variables)

@@ -98,6 +98,7 @@ class PowerSGD:
     (TensorFlow) ``shapes``."""
 
     keeps_state = True
+    buffers_agree = False  # the ranks' running statistics differ: sync_model_buffers averages them
 
     def __init__(self, plan: CommPlan, shapes: list[tuple[int, ...]]) -> None:
         self.plan, self.shapes = plan, [tuple(s) for s in shapes]
@@ -167,6 +168,10 @@ class PowerSGD:
             for i, value in indexed(state, prefix).items():
                 table[i].assign(value)
 
+    def restart(self, accumulation: int) -> None:
+        """An elastic sync: nothing counts the micro-batches here (they accumulate locally)."""
+        return None  # a body besides the docstring, as in Stateless.after_update
+
     def reset(self) -> None:
         """Start afresh: zero error buffers and counter, seeded Q (a world-size change)."""
         self.steps.assign(0)
@@ -181,6 +186,7 @@ class TopK:
     for gradients of the given (TensorFlow) ``shapes``."""
 
     keeps_state = True
+    buffers_agree = False  # the ranks' running statistics differ: sync_model_buffers averages them
 
     def __init__(self, plan: CommPlan, shapes: list[tuple[int, ...]]) -> None:
         self.plan, self.shapes = plan, [tuple(s) for s in shapes]
@@ -241,6 +247,10 @@ class TopK:
             self.errors[i].assign(value if legacy else value.reshape(logical_shape(shape)).transpose(
                 np.argsort(logical_perm(len(shape)))).reshape(-1))
 
+    def restart(self, accumulation: int) -> None:
+        """An elastic sync: nothing counts the micro-batches here (they accumulate locally)."""
+        return None  # a body besides the docstring, as in Stateless.after_update
+
     def reset(self) -> None:
         """Start afresh: zero error buffers and counter (a world-size change)."""
         self.steps.assign(0)
@@ -253,6 +263,7 @@ class LocalSGD:
     each rank applies its own gradients in between."""
 
     keeps_state = True
+    buffers_agree = False  # the ranks' running statistics differ: sync_model_buffers averages them
 
     def __init__(self, plan: CommPlan, model: Any, optimizer: Any) -> None:
         self.plan, self.model, self.optimizer = plan, model, optimizer
@@ -305,6 +316,10 @@ class LocalSGD:
         for kind, variables in (("model", self.model.variables), ("optimizer", self.optimizer.variables)):
             for i, value in indexed(state, f"{kind}/").items():
                 variables[i].assign(value)
+
+    def restart(self, accumulation: int) -> None:
+        """An elastic sync: nothing counts the micro-batches here (they accumulate locally)."""
+        return None  # a body besides the docstring, as in Stateless.after_update
 
     def reset(self) -> None:
         """Start a new averaging period (the replicas are equal: just broadcast or averaged)."""

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from hvdtrain.core.collectives import broadcast_pickled
 from hvdtrain.core.gpipe import Cut, Placement
-from hvdtrain.core.rules import fp16_allreduce
+from hvdtrain.core.exchange_plan import Workers, plan_exchange
 from hvdtrain.tensorflow.adapter import _as_tensor, _host_tensor, offset_seed_states
 from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, check_paths, load_variables, save_variables
 from hvdtrain.tensorflow.compression import tf_variables
@@ -90,7 +90,7 @@ class TensorFlowStage:
         self.trainable = [v for v in model.trainable_variables if cut.stage_of(v) == stage]
         optimizer.build(self.trainable)  # slots for this stage only
         self.blocks = cut.own
-        self.compression = hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none
+        self.compression = hvd.Compression.fp16 if plan_exchange(config, Workers()).fp16_wire else hvd.Compression.none
         self._variables: list[tf.Variable] = []
         self._summed: list[tf.Tensor] = []
         self._stage_forward = tf.function(self.run_blocks, reduce_retracing=True)

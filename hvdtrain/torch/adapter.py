@@ -25,25 +25,20 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdtrain.core import finetune, reproducible
+from hvdtrain.core import finetune
 from hvdtrain.core.optimizer_policy import FROM_CONFIG, OptimizerFacts, mark_from_config
 from hvdtrain.core.adapter import DistContext, FrameworkAdapter, NonFiniteGradientError, NonFiniteStateError
 from hvdtrain.core.collectives import Collectives
-from hvdtrain.core.comm import overlap_gradients
 from hvdtrain.core.compiled import FirstStepClock
-from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.errors import TrainingError, type_name
+from hvdtrain.core.exchange_plan import ExchangePlan, Workers, plan_exchange
 from hvdtrain.core.gpipe import GPipe, pipelined
-from hvdtrain.core.rules import fp16_allreduce
 from hvdtrain import launch
-from hvdtrain.torch import compiled
-from hvdtrain.torch import reproducible as bitwise
-from hvdtrain.torch.compression import Allreduce, build_exchange
+from hvdtrain.torch import compiled, exchanges
+from hvdtrain.torch.exchanges import WholeState, _hooks_off, group_settings  # noqa: F401 (their old home)
 from hvdtrain.torch.finite import DeferredFiniteCheck
 from hvdtrain.torch.finetune import LR_FACTOR, BackboneControl, head_parameters
-from hvdtrain.torch.flat_buffers import FlatAllreduce, GradBuffers, dtype_layouts
-from hvdtrain.torch.sharded import FlatReduceScatter, ShardedOptimizer, zero1_exchange
 from hvdtrain.torch.weights import load_weights_only
 
 MODEL_FILE = "model.pt"
@@ -109,53 +104,21 @@ class TorchAdapter(FrameworkAdapter):
         self.nonfinite = train_config.nonfinite
         self.finite_check = DeferredFiniteCheck(self.device, train_config.log_every or 50) \
             if self.device.type == "cuda" and self.nonfinite == "error" else None
-        compression = hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none
-        self.adasum = config.comm.reduction == "adasum" and hvd.size() > 1  # hvdtrain.core.rules allowed it
-        self.overlap = overlap_gradients(config.comm, self.device.type == "cuda", hvd.local_size(),
-                                         torch.get_num_threads(), os.cpu_count() or 1)
-        # The gradient exchange (hvdtrain.core.exchange): Horovod's DistributedOptimizer, whose hooks
-        # allreduce during the backward pass, or hvdtrain's PowerSGD, top-k or local SGD around the
-        # recipe's own optimizer (hvdtrain.torch.compression).
+        # The gradient exchange (hvdtrain.core.exchange), planned once (hvdtrain.core.exchange_plan; the
+        # rulebook allowed it) and built by hvdtrain.torch.exchanges: the optimizer this adapter steps,
+        # the exchange, and the state keeper that knows whether the optimizer state is sharded.
+        self.plan = plan_exchange(config, Workers(hvd.size(), hvd.local_size(), self.device.type == "cuda",
+                                                  torch.get_num_threads(), os.cpu_count() or 1))
+        self.adasum, self.overlap = self.plan.adasum, self.plan.overlap
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = self._fine_tuning(task, config)
-        plan = comm_plan(config)
-        if reproducible.enabled(config):  # bitwise mode (hvdtrain.torch.reproducible): one fixed tree, any world size
-            bitwise.enter(config)
-            self.optimizer, self.overlap = optimizer, False
-            self.exchange = bitwise.TreeExchange(self.model, self.params, self.accumulation)
-        elif config.parallel.shard_optimizer != "none":  # ZeRO-1/2 (hvdtrain.torch.sharded; the rulebook allowed it)
-            zero2 = config.parallel.shard_optimizer == "gradients"
-            self.optimizer = ShardedOptimizer(optimizer, gradients=zero2)
-            self.exchange = FlatReduceScatter(self.optimizer, compression) if zero2 else \
-                zero1_exchange(self.optimizer, compression)
-            self.overlap = False  # the flat gradients are exchanged once per update
-        elif plan is None and not self.overlap and not self.adasum and config.comm.flat_gradients:
-            # the gradients live in one flat buffer per dtype, averaged in place once per update
-            # (hvdtrain.torch.flat_buffers: no fusion-buffer copies, one negotiation)
-            self.optimizer = optimizer
-            self.exchange = FlatAllreduce(GradBuffers(dtype_layouts(self.params, optimizer)), self.params, compression,
-                                          owns_zeroing=True)
-        elif plan is None:
-            self.optimizer = hvd.DistributedOptimizer(
-                optimizer, named_parameters=self.model.named_parameters(),
-                compression=compression, backward_passes_per_step=self.accumulation,
-                op=hvd.Adasum if self.adasum else hvd.Average,
-                # groups=1 makes this constructor a collective (it broadcasts the parameter order): a worker
-                # joining an elastic job builds its optimizer alone, so elastic runs keep per-tensor groups.
-                groups=None if self.overlap or train_config.elastic else 1)
-            self.exchange = Allreduce(self.optimizer, self.params)
-        else:
-            self.optimizer = optimizer
-            self.exchange = build_exchange(plan, self.model, self.optimizer)
-            self.overlap = False  # gradients accumulate locally and are exchanged once per update
+        wiring = exchanges.build(self.plan, config, self.model, self.params, self._fine_tuning(task, config))
+        self.optimizer, self.exchange, self.optimizer_state = wiring.optimizer, wiring.exchange, wiring.state
         # the task's own LR scheduler (hvdtrain.core.optimizer_policy), stepped once per update; it drives
         # the groups in force: the optimizer that runs (hvd.DistributedOptimizer is a copy sharing the
         # groups until a load replaces them), ZeRO-2's shard optimizer, ZeRO-1's recipe optimizer
         self.scheduler = task.scheduler if self.task_lr else None
-        if self.scheduler is not None and isinstance(self.optimizer, torch.optim.Optimizer):
-            self.scheduler.optimizer = self.optimizer
-        elif self.scheduler is not None and isinstance(self.optimizer, ShardedOptimizer) and self.optimizer.gradients:
-            self.scheduler.optimizer = self.optimizer.inner
+        if self.scheduler is not None:
+            self.scheduler.optimizer = self.optimizer_state.scheduled(self.optimizer)
         precision = train_config.mixed_precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -165,6 +128,8 @@ class TorchAdapter(FrameworkAdapter):
 
     control: BackboneControl | None = None  # fine-tuning controls (hvdtrain.core.finetune), set by prepare()
     freeze_epochs = 0
+    plan: ExchangePlan | None = None  # the run's exchange plan, set by prepare()
+    optimizer_state = WholeState()  # whole or sharded optimizer state (hvdtrain.torch.exchanges), set by prepare()
     scheduler: Any = None  # the task's own LR scheduler, set by prepare() when its LR runs
 
     def describe_optimizer(self, task: Any) -> OptimizerFacts | None:
@@ -195,8 +160,7 @@ class TorchAdapter(FrameworkAdapter):
 
     def _agree_hyperparameters(self, root_rank: int) -> None:
         """Every rank takes the root's parameter-group hyperparameters (a resumed LR included)."""
-        # the sharded optimizer: its recipe optimizer's (what rank 0 loaded; broadcast() copies them to the shards)
-        groups = (self.optimizer.optimizer if isinstance(self.optimizer, ShardedOptimizer) else self.optimizer).param_groups
+        groups = self.optimizer_state.hyperparameter_groups(self.optimizer)  # sharded: the recipe optimizer's
         root = self.broadcast_object(group_settings(groups),
                                      root_rank)  # distributed
         for group, values in zip(groups, root):
@@ -237,28 +201,8 @@ class TorchAdapter(FrameworkAdapter):
         self._agree_hyperparameters(root_rank)  # distributed
         if self.scheduler is not None:
             self.scheduler.load_state_dict(self.broadcast_object(self.scheduler.state_dict(), root_rank))
-        if isinstance(self.optimizer, ShardedOptimizer):  # each rank keeps its slice of rank 0's whole state
-            hvd.broadcast_parameters(self.model.state_dict(), root_rank=root_rank)  # distributed
-            self.optimizer.broadcast(root_rank)  # distributed
-            return
-        # Horovod creates missing optimizer state with one zero-gradient step; LR 0 makes that step
-        # leave the weights alone. It still counts as a step (Adam's bias correction would start at
-        # step 2, shrinking the first update to about 0.74 of its size) and coupled weight decay
-        # would seed the moments, so when rank 0 has no state yet (a fresh start) the state that
-        # step created is dropped again afterwards: every optimizer starts as a fresh one would.
-        # The step fires no step hook, and the groups' hyperparameters are put back after it.
-        fresh = self.broadcast_object(len(self.optimizer.state) == 0, root_rank)  # distributed
-        kept = group_settings(self.optimizer.param_groups)
-        for group in self.optimizer.param_groups:
-            group["lr"] = 0.0
-        with _hooks_off(self.optimizer):
-            hvd.broadcast_optimizer_state(self.optimizer, root_rank=root_rank)  # distributed
-        for group, values in zip(self.optimizer.param_groups, kept):
-            group.update(values)
-        if fresh:
-            self.optimizer.state.clear()
-            self.optimizer.zero_grad()
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=root_rank)  # distributed
+        # model parameters and optimizer state: whole, or each rank its slice of rank 0's (ZeRO)
+        self.optimizer_state.broadcast(self.model, self.optimizer, root_rank, self.broadcast_object)  # distributed
         if self.scaler is not None:
             self.scaler.load_state_dict(self.broadcast_object(self.scaler.state_dict(), root_rank))
 
@@ -285,7 +229,7 @@ class TorchAdapter(FrameworkAdapter):
 
     def sync_model_buffers(self) -> None:
         buffers = self._running_stats()
-        if not buffers or hvd.size() == 1 or getattr(self.exchange, "buffers_agree", False):
+        if not buffers or hvd.size() == 1 or self.exchange.buffers_agree:
             return
         averaged = hvd.grouped_allreduce(buffers, op=hvd.Average, name="hvdtrain.sync_buffers")  # distributed
         with torch.no_grad():
@@ -293,8 +237,7 @@ class TorchAdapter(FrameworkAdapter):
                 buffer.copy_(value)
 
     def gather_state(self) -> None:
-        if isinstance(self.optimizer, ShardedOptimizer):
-            self.optimizer.gather()  # distributed: rank 0 holds the whole optimizer state to save
+        self.optimizer_state.gather()  # distributed with ZeRO: rank 0 holds the whole optimizer state to save
 
     def reseed(self, seed: int) -> None:
         torch.manual_seed(seed)  # CPU and every CUDA device: dropout masks
@@ -331,8 +274,7 @@ class TorchAdapter(FrameworkAdapter):
         with self._autocast():
             loss = self.task.loss_fn(self._forward(inputs), targets)
         scaled = loss * (1.0 / self.accumulation if weight is None else weight)
-        if isinstance(self.optimizer, ShardedOptimizer):
-            self.optimizer.attach_grads()  # the flat buffers backward accumulates into (ZeRO-2 frees them)
+        self.optimizer_state.before_backward()  # ZeRO: the flat buffers backward accumulates into
         (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if apply_update:
             self._apply_update()
@@ -349,15 +291,12 @@ class TorchAdapter(FrameworkAdapter):
         if self.control is not None and self.control.frozen:  # no update at all for a frozen backbone
             self.control.drop_frozen_grads()
             grads = [g for p, g in zip(self.params, grads) if not self.control.is_frozen(p)]
-        sharded = isinstance(self.exchange, FlatReduceScatter)  # grads: this rank's shard of the gradient
+        # ZeRO-2: grads are this rank's shard of the gradient, whose findings the ranks agree on
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-            if sharded:
-                self.exchange.agree_on_overflow(self.scaler)  # distributed
+            self.optimizer_state.agree_on_overflow(self.scaler)  # distributed with ZeRO-2
         grads = [g for g in grads if g is not None]
-        norm = torch.nn.utils.get_total_norm(grads)
-        if sharded:
-            norm = self.exchange.global_norm(norm)  # distributed
+        norm = self.optimizer_state.global_norm(torch.nn.utils.get_total_norm(grads))  # distributed with ZeRO-2
         if self.scaler is None and not self._finite(norm):
             self._end_update()
             if self.nonfinite == "error":
@@ -473,28 +412,6 @@ class TorchAdapter(FrameworkAdapter):
             self.scheduler.load_state_dict(load_weights_only(path, map_location="cpu"))
 
 
-
-
-def group_settings(param_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each optimizer group's settings (LR, momentum, ...) without its parameter list."""
-    return [{k: v for k, v in g.items() if k != "params"} for g in param_groups]
-
-@contextlib.contextmanager
-def _hooks_off(optimizer: torch.optim.Optimizer):
-    """No optimizer step hook (the optimizer's own or a global one) fires inside: the state-creating
-    step at start-up is not one of the task's updates."""
-    from torch.optim import optimizer as module
-
-    own = [getattr(optimizer, name) for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")]
-    shared = [getattr(module, name) for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")]
-    saved = [dict(hooks) for hooks in own + shared]
-    for hooks in own + shared:
-        hooks.clear()
-    try:
-        yield
-    finally:
-        for hooks, entries in zip(own + shared, saved):
-            hooks.update(entries)
 
 
 def pick_device(local_rank: int, local_size: int) -> torch.device:

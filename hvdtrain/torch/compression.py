@@ -236,6 +236,7 @@ class Compressed:
     """A compressor (:class:`PowerSGD`, :class:`TopK`) exchanging the parameters' gradients."""
 
     keeps_state = True
+    buffers_agree = False  # the ranks' running statistics differ: sync_model_buffers averages them
 
     def __init__(self, compressor: Any, params: list[torch.Tensor]) -> None:
         self.compressor, self.params, self.plan = compressor, params, compressor.plan
@@ -268,6 +269,10 @@ class Compressed:
         """Put back what :meth:`state` returned (formats 1 and 2 are the same here)."""
         self.compressor.load_state(state, self.params[0].device if self.params else torch.device("cpu"))
 
+    def restart(self, accumulation: int) -> None:
+        """An elastic sync: nothing counts the micro-batches here (they accumulate locally)."""
+        return None  # a body besides the docstring, as in Stateless.after_update
+
     def reset(self) -> None:
         """Forget error buffers, Q matrices and the step count."""
         self.compressor.reset()
@@ -278,10 +283,15 @@ class LocalSGD:
     each rank applies its own gradients in between."""
 
     keeps_state = True
+    buffers_agree = False  # the ranks' running statistics differ: sync_model_buffers averages them
 
     def __init__(self, plan: CommPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.plan, self.model, self.optimizer = plan, model, optimizer
         self.reset()
+
+    def restart(self, accumulation: int) -> None:
+        """An elastic sync: nothing counts the micro-batches here (they accumulate locally)."""
+        return None  # a body besides the docstring, as in Stateless.after_update
 
     def reset(self) -> None:
         """Start a new averaging period (the replicas are equal: just broadcast or averaged)."""

@@ -6,9 +6,10 @@
 
 * Horovod started through the launch layer (:func:`hvdtrain.launch.start`): under ``horovodrun``,
   ``mpirun``, ``srun`` or alone (one process);
-* the gradient exchange the config plans, chosen by :class:`~hvdtrain.torch.adapter.TorchAdapter`
-  exactly as for the Trainer (allreduce, fp16, PowerSGD, top-k, local SGD, flat buffers, overlap,
-  ZeRO-1/2), with the same keys and the rulebook's refusals (:mod:`hvdtrain.core.rules`);
+* the gradient exchange the config plans (:func:`hvdtrain.core.exchange_plan.plan_exchange`, built by
+  :mod:`hvdtrain.torch.exchanges` inside :class:`~hvdtrain.torch.adapter.TorchAdapter`) exactly as
+  for the Trainer (allreduce, fp16, PowerSGD, top-k, local SGD, flat buffers, overlap, ZeRO-1/2),
+  with the same keys and the rulebook's refusals (:mod:`hvdtrain.core.rules`);
 * model, optimizer (and scheduler) state broadcast from rank 0, each rank's random stream seeded
   from (``train.seed``, rank, position) as the Trainer seeds it;
 * the training data dealt by (seed, epoch, samples consumed)
@@ -136,9 +137,7 @@ class DistributedStep:
         self._attach()
 
     def _attach(self) -> None:
-        attach = getattr(self._adapter.optimizer, "attach_grads", None)  # ZeRO-2: the flat buffers backward fills
-        if attach is not None:
-            attach()
+        self._adapter.optimizer_state.before_backward()  # ZeRO: the flat buffers backward fills
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._adapter.optimizer, name)

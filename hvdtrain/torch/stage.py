@@ -21,7 +21,7 @@ import torch
 
 from hvdtrain.core.collectives import broadcast_pickled
 from hvdtrain.core.gpipe import Cut, Placement
-from hvdtrain.core.rules import fp16_allreduce
+from hvdtrain.core.exchange_plan import Workers, plan_exchange
 from hvdtrain.torch.adapter import MODEL_FILE, OPTIMIZER_FILE, group_settings
 from hvdtrain.torch.weights import load_weights_only
 
@@ -107,7 +107,7 @@ class TorchStage:
             block.to(self.device)
         own = set(self.own_names)
         self.own_tensors = {n: t for n, t in model.state_dict().items() if n in own}
-        self.compression = hvd.Compression.fp16 if fp16_allreduce(config) else hvd.Compression.none
+        self.compression = hvd.Compression.fp16 if plan_exchange(config, Workers()).fp16_wire else hvd.Compression.none
         self.autocast_dtype = {"bf16": torch.bfloat16}.get(config.train.mixed_precision)  # fp16: refused
         self.final_model: dict[str, torch.Tensor] | None = None
         if task.export is not None:  # rank 0 exports the whole model: from the last checkpoint's gathered state

@@ -91,8 +91,9 @@ def main():
         history.append(weights(m))
 
     def state_bytes():
-        if adapter.sharded is not None:
-            return adapter.sharded.state_bytes()
+        sharded = getattr(adapter.optimizer_state, "sharded", None)  # hvdtrain.tensorflow.exchanges.ShardedState
+        if sharded is not None:
+            return sharded.state_bytes()
         return sum(int(np.asarray(v).nbytes) for v in adapter.optimizer.variables if len(v.shape) > 0)
 
     report = {"world_size": ctx.size, "runs": {}}
