@@ -105,14 +105,22 @@ class FrameworkAdapter(ABC):
 
     name: str = ""
     skipped_updates: int = 0
-    overlap: bool = False  # set by prepare(): comm.overlap as resolved here (allreduce during backward)
+    overlap: bool = False  # set by prepare(): the exchange plan's overlap (allreduce during backward)
     collectives: Any = None  # set by init(): hvdtrain.core.collectives.Collectives
     gpu: bool = False  # set by init(): this process trains on a GPU
     pipeline: Any = None  # set by init() with parallel.pipeline_stages > 1: hvdtrain.core.gpipe.GPipe
-    # The gradient exchange (hvdtrain.core.exchange): set by prepare(); the update calls its reduce()
-    # and after_update(), hvdtrain.core.compression_state its state(), load_state() and reset().
-    # None where an adapter exchanges gradients its own way (pipeline stages).
+    # The gradient exchange (hvdtrain.core.exchange): set by prepare() from the run's exchange plan
+    # (hvdtrain.core.exchange_plan); the update calls its reduce() and after_update(),
+    # hvdtrain.core.compression_state its keeps_state, state(), load_state() and reset(), bitwise mode
+    # (hvdtrain.core.reproducible) its begin_micro_batch(). None where an adapter exchanges gradients
+    # its own way (pipeline stages).
     exchange: Any = None
+    # The task, its model and the optimizer the adapter steps: set by prepare() (and by
+    # hvdtrain.core.gpipe for pipeline stages, which sets them to the stage's).
+    task: Any = None
+    model: Any = None
+    optimizer: Any = None
+    accumulation: int = 1  # set by prepare(): micro-batches per update on this worker
     # The files load_state() always reads: a checkpoint folder without them is damaged (skipped when
     # looking for the latest; hvdtrain.core.saving hands them to the CheckpointManager).
     checkpoint_files: tuple[str, ...] = ()
@@ -242,6 +250,14 @@ class FrameworkAdapter(ABC):
         """Wait until every rank arrives (a tiny allreduce)."""
         self.allreduce_sums({"barrier": 0.0})
 
+    def model_buffers(self) -> list[Any] | None:
+        """This rank's own running statistics (BatchNorm) as NumPy copies, what a step checkpoint keeps
+        per rank (:mod:`hvdtrain.core.compression_state`); None (this default): the adapter keeps none."""
+        return None
+
+    def set_model_buffers(self, values: list[Any]) -> None:
+        """Put back what :meth:`model_buffers` returned (this default keeps none: nothing to put back)."""
+
     def sync_replicas(self) -> None:
         """Local SGD: average the workers' models now (a collective; before evaluations). Otherwise
         the replicas are equal already and nothing happens."""
@@ -268,12 +284,11 @@ class FrameworkAdapter(ABC):
         (every elastic sync, :mod:`hvdtrain.core.elastic`): what a window cut short by a lost worker
         had accumulated is dropped (those micro-batches run again), and a fixed global batch re-formed
         on another world size accumulates its new share. This default sets ``accumulation`` and calls
-        the exchange's ``restart(accumulation)`` where it has one; an adapter that accumulates
-        gradients elsewhere drops them in its own override."""
+        the exchange's ``restart(accumulation)`` (every exchange has one: most have nothing to do);
+        an adapter that accumulates gradients elsewhere drops them in its own override."""
         self.accumulation = accumulation
-        restart = getattr(getattr(self, "exchange", None), "restart", None)
-        if restart is not None:
-            restart(accumulation)
+        if self.exchange is not None:
+            self.exchange.restart(accumulation)
 
     def snapshot(self) -> Any:
         """An in-memory copy of model and optimizer state (elastic commits). This default keeps what
@@ -292,6 +307,28 @@ class FrameworkAdapter(ABC):
             for name, data in snapshot.items():
                 (Path(tmp) / name).write_bytes(data)
             self.load_state(Path(tmp))
+
+
+#: Everything a module of :mod:`hvdtrain.core` touches on an adapter (reads, calls or sets), each
+#: declared on :class:`FrameworkAdapter` above; ``tests/unit/test_adapter_contract.py`` parses the
+#: core modules and checks that this is exactly what they touch, and that both adapters implement it.
+CORE_TOUCHES = (
+    # set by init() / prepare(), read by core
+    "name", "exchange", "checkpoint_files", "task", "model", "optimizer", "accumulation", "skipped_updates",
+    "task_lr",
+    # the methods an adapter writes (the table in the module docstring) and the optional ones
+    "init", "prepare", "describe_optimizer", "begin_epoch", "learning_rate", "set_learning_rate", "step_scheduler",
+    "broadcast_state", "train_step", "eval_step", "sync_model_buffers", "model_buffers", "set_model_buffers",
+    "reseed", "rng_state", "set_rng_state", "save_state", "load_state",
+    # written once on FrameworkAdapter
+    "context", "allreduce_sums", "broadcast_object", "allgather_object", "gather_object_to_root",
+    "scatter_objects_from_root", "barrier", "sync_replicas", "gather_state", "elastic_reset", "restart_window",
+    "snapshot", "restore_snapshot",
+)
+
+#: The attributes of :data:`CORE_TOUCHES` that the base class leaves None and an adapter's
+#: ``prepare`` sets.
+SET_BY_PREPARE = ("exchange", "task", "model", "optimizer")
 
 
 _ADAPTERS = {"torch": ("hvdtrain.torch", "TorchAdapter", "torch"),

@@ -48,7 +48,7 @@ BUFFER_KEY = "model_buffer/"  # + index: a rank's own running statistics, in the
 
 def _stateful(adapter: Any) -> Any:
     """The adapter's exchange if it keeps per-rank state (the same answer on every rank), else None."""
-    exchange = getattr(adapter, "exchange", None)
+    exchange = adapter.exchange
     return exchange if exchange is not None and exchange.keeps_state else None
 
 
@@ -72,9 +72,7 @@ def own_buffers(adapter: Any) -> list[np.ndarray] | None:
     """This rank's own running statistics (what ``adapter.sync_model_buffers`` averages) as NumPy
     copies, in the adapter's fixed order; None for a model without any, with pipeline stages, or
     for an adapter that keeps none (the same answer on every rank)."""
-    read_buffers = getattr(adapter, "model_buffers", None)
-    buffers = read_buffers() if read_buffers is not None else None
-    return buffers or None
+    return adapter.model_buffers() or None
 
 
 def gather(adapter: Any, buffers: list[np.ndarray] | None = None) -> list[dict[str, np.ndarray]] | None:

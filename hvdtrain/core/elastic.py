@@ -90,7 +90,7 @@ def restart_window(trainer: Any) -> None:
     share changed."""
     adapter, ctx, train = trainer.adapter, trainer.ctx, trainer.config.train
     plan = batching.reform_plan(train, ctx.data_size)
-    if plan.global_batch is not None and plan.accumulation != getattr(adapter, "accumulation", None):
+    if plan.global_batch is not None and plan.accumulation != adapter.accumulation:
         trainer.gate.print(f"hvdtrain: elastic: train.global_batch_size={plan.global_batch} on {ctx.data_size} "
                            f"worker(s): each accumulates {plan.accumulation} micro-batch(es) of "
                            f"{plan.micro_batch} per update (the same updates continue)")

@@ -47,7 +47,7 @@ class CheckpointPolicy:
         self.config, self.manager, self.adapter, self.watchdog = config, manager, adapter, watchdog
         # a checkpoint without the files this adapter's load_state reads is damaged, even if its
         # manifest (which does not list them) verifies
-        manager.required, manager.framework = tuple(getattr(adapter, "checkpoint_files", ())), config.framework
+        manager.required, manager.framework = tuple(adapter.checkpoint_files), config.framework
 
     def due(self, step: int, applied: bool, last_in_epoch: bool) -> bool:
         """Whether a step checkpoint is due after this micro-batch (optimizer step ``step``)."""

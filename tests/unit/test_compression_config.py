@@ -110,6 +110,9 @@ class _FakeAdapter:
     def __init__(self, exchange):
         self.exchange = exchange
 
+    def model_buffers(self):  # the adapter contract (hvdtrain.core.adapter.CORE_TOUCHES): no running statistics
+        return None
+
     def gather_object_to_root(self, obj):
         return [obj, {**_FakeExchange(1).state(), "format": obj["format"]}]
 
