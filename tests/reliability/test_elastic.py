@@ -3,7 +3,10 @@ killed (SIGKILL), the survivor rolls back to the last commit and carries on alon
 back after Horovod's blacklist cool-down, rejoins and receives the state; the run finishes.
 
 The two "hosts" are `localhost` and `127.0.0.1`: two names Horovod treats as separate hosts, both
-on this machine (no ssh needed)."""
+on this machine (no ssh needed). TensorFlow runs this with hvdtrain's own batch per worker (the LR
+follows the world size); PyTorch runs it with a fixed global batch on two 2-slot hosts (4 -> 2 -> 4
+workers, issue 42), once in bitwise mode and once without, and the kill, rollback, re-form and
+rejoin are asserted there."""
 
 import json
 import math
@@ -38,7 +41,7 @@ def expected_lr(step, world_size):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+@pytest.mark.parametrize("framework", ["tensorflow"])  # torch: the fixed-global-batch launches below
 def test_worker_killed_then_host_rejoins(tmp_path, framework):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
@@ -96,15 +99,18 @@ def test_rank_0_lost_before_the_first_sync_keeps_resume(tmp_path):
 
 
 WORLD_SIZE_WORKER = REPO / "tests" / "distributed" / "workers" / "world_size.py"
-# issue 42's small ResNet: 96 samples, a fixed global batch of 16 in micro-batches of 4 (4 per update), 2 epochs
-# (12 updates); no dropout: plain data parallelism draws dropout per rank, which a re-form changes
-PLAIN_TOLERANCE = 1e-5  # measured: see the report
+# issue 42's small ResNet (BatchNorm): 96 samples, a fixed global batch of 16 in micro-batches of 4 (4 per update),
+# 2 epochs (12 updates); no dropout: without bitwise mode dropout is drawn per rank, which a re-form changes
 GLOBAL = ["train.global_batch_size=16", "train.batch_size=4", "train.epochs=2"]
+# the largest difference of a parameter between the 4 -> 2 -> 4 run without bitwise mode and the uninterrupted
+# run seen on this machine: see PLAIN_LARGEST in the report; the tolerance leaves room for other CPUs
+PLAIN_TOLERANCE = 1e-5
 
 
 def elastic_world_size_run(tmp_path, name, extra):
-    """4 workers on two 2-slot hosts; rank 3 is killed before update 4 (its host leaves: 2 workers),
-    the survivors are slowed while they are 2 until the host is back (4 workers again)."""
+    """4 workers on two 2-slot hosts; the host of ranks 2 and 3 dies before update 4 (both killed):
+    ranks 0 and 1 roll back to the commit after update 3 and go on as 2 workers, slowed (3 s a
+    micro-batch, sleeping) while they are 2 so the host is back before the end: 4 workers again."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n127.0.0.1:2\n")
     discover = tmp_path / "discover.sh"
@@ -115,32 +121,38 @@ def elastic_world_size_run(tmp_path, name, extra):
                 "--network-interfaces", "lo", "--blacklist-cooldown-range", "1", "2",
                 "python", WORLD_SIZE_WORKER, report, tmp_path / name, *GLOBAL, "train.elastic=true",
                 "train.elastic_commit_every=1", *extra],
-               env={"HVDTRAIN_FAULT": "kill:rank=3:step=3:size=4,slow:rank=0:step=3:ms=1500:size=2"}, timeout=420)
-    return proc, json.loads(report.read_text())
+               env={"HVDTRAIN_FAULT": "kill:rank=2:step=3:size=4,kill:rank=3:step=3:size=4,"
+                                      "slow:rank=0:step=3:ms=3000:size=2"}, timeout=420)
+    assert "re-formed with 2 worker(s); continuing at epoch 1, after 48 samples" in proc.stdout  # after update 3
+    assert "on 2 worker(s): each accumulates 2 micro-batch(es) of 4 per update" in proc.stdout
+    assert "re-formed with 4 worker(s)" in proc.stdout and "on 4 worker(s): each accumulates 1" in proc.stdout
+    return json.loads(report.read_text())
 
 
 @pytest.mark.distributed
 def test_a_fixed_global_batch_goes_4_then_2_then_4_workers_and_ends_as_the_uninterrupted_run(tmp_path):
     """Issue 42, item 2: with train.global_batch_size an elastic job that loses a host (4 -> 2
     workers) and gets it back (-> 4) re-deals the same updates at each re-form (each worker's
-    accumulation 1, then 2, then 1): in bitwise mode the weights after every one of the 12 updates
-    are the uninterrupted 4-worker run's, bit for bit; without it they end within float tolerance
-    (the largest difference of a parameter on this machine: see PLAIN_TOLERANCE)."""
+    accumulation 1, then 2, then 1). In bitwise mode the model after every one of the 12 updates is
+    the uninterrupted run's, bit for bit, and so are each epoch's step and LR; the metrics rows name
+    the world size of each range of updates. Without bitwise mode the run ends with parameters
+    within float tolerance of it. The uninterrupted run is one worker, without a launcher: in
+    bitwise mode 1, 2 and 4 uninterrupted workers give the same bits
+    (tests/distributed/test_world_size.py), so it stands for the 4-worker run at a quarter of the CPU."""
     bitwise = ["train.reproducible=world-size"]
-    horovodrun(["python", WORLD_SIZE_WORKER, tmp_path / "reference.json", tmp_path / "reference", *GLOBAL, *bitwise],
-               np=4, timeout=300)
+    run(["python", WORLD_SIZE_WORKER, tmp_path / "reference.json", tmp_path / "reference", *GLOBAL, *bitwise],
+        timeout=300)
     reference = json.loads((tmp_path / "reference.json").read_text())
-    proc, elastic = elastic_world_size_run(tmp_path, "bitwise", bitwise)
-    assert "re-formed with 2 worker(s)" in proc.stdout and "re-formed with 4 worker(s)" in proc.stdout
-    assert "on 2 worker(s): each accumulates 2 micro-batch(es) of 4 per update" in proc.stdout
-    assert len(reference["hashes"]) == 12 and len(set(reference["hashes"])) == 12
+    assert len(reference["hashes"]) == 12 and len(set(reference["hashes"])) == 12  # every update moved the model
+    elastic = elastic_world_size_run(tmp_path, "bitwise", bitwise)
     assert elastic["hashes"] == reference["hashes"]
     rows = elastic["metrics"]
     assert [(r["step"], r["lr"]) for r in rows] == [(r["step"], r["lr"]) for r in reference["metrics"]]
-    ranges = [rng for r in rows for rng in r.get("world_sizes", [[r["step"] - 5, r["step"], r["world_size"]]])]
-    assert ranges[0] == [1, 3, 4] and ranges[1][:2] == [4, ranges[1][1]] and ranges[1][2] == 2, rows
+    ranges = [span for r in rows for span in r.get("world_sizes", [[r["step"] - 5, r["step"], r["world_size"]]])]
+    assert ranges[0] == [1, 3, 4] and ranges[1][0] == 4 and ranges[1][2] == 2, rows  # updates 1-3 on 4, then 2
     assert ranges[-1][1:] == [12, 4] and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:])), rows
-    proc, plain = elastic_world_size_run(tmp_path, "plain", [])
-    assert "re-formed with 2 worker(s)" in proc.stdout and "re-formed with 4 worker(s)" in proc.stdout
+    plain = elastic_world_size_run(tmp_path, "plain", [])
     largest = max(float(np.max(np.abs(np.array(a) - np.array(b)))) for a, b in zip(plain["params"], reference["params"]))
+    print(f"largest parameter difference without bitwise mode: {largest:.3g}")
     assert largest <= PLAIN_TOLERANCE, largest
+    assert plain["hashes"] != reference["hashes"]  # without bitwise mode the bits differ: the hashes can fail
