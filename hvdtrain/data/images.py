@@ -142,7 +142,8 @@ def open_images(root: str | os.PathLike | None, options: ImageOptions | None = N
     mode, the native size and so the transform policy); the indexes are built once per host and
     cached. Bad input (an unknown layout, a folder or shard that does not exist, classes that
     differ between the splits, a remote folder with no shard list) raises
-    :class:`~hvdtrain.data.errors.DataError`, one line naming it; a URL's secrets are never shown.
+    :class:`~hvdtrain.data.errors.DataError`, one line naming it (the command line prints it with a
+    URL's password hidden, :func:`hvdtrain.core.redact.redact_text`).
     """
     options = ImageOptions() if options is None else options
     _check(options)

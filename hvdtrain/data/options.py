@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hvdtrain.core.config import option
+from hvdtrain.core.config_schema import option  # the schema alone (no loader): how every config key is declared
 from hvdtrain.data.remote import READ_MODES
 from hvdtrain.data.transforms import POLICIES
 
