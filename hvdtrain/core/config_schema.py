@@ -72,7 +72,11 @@ class DataConfig:
                         choices=("pad", "drop"), resume="data")
     shuffle: bool = _f(True, "reshuffle the training order every epoch (deterministic from seed and epoch)",
                        resume="data")
-    prefetch_batches: int = _f(2, "batches prepared ahead of time by a background thread", min=0)
+    prefetch_batches: int = _f(2, "batches prepared ahead of time by a background thread (or by the data workers)",
+                               min=0)
+    workers: int | None = _f(None, "processes per rank that read and collate the items of a map-style Dataset "
+                             "or a Hugging Face dataset, whole batches each, in order; None: the cores each local "
+                             "rank can have, at most 4; 0: the background thread reads them", min=0)
 
 
 @dataclass

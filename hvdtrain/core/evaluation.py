@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hvdtrain.core import reproducible, sharding
-from hvdtrain.core.prefetch import prefetch
+from hvdtrain.core.prefetch import load_batches
 
 
 def evaluate(task: Any, adapter: Any, ctx: Any, config: Any, watchdog: Any) -> dict[str, float]:
@@ -28,8 +28,7 @@ def evaluate(task: Any, adapter: Any, ctx: Any, config: Any, watchdog: Any) -> d
         indices = sharding.eval_shard(len(data), ctx.data_rank, ctx.data_size)
         batches = sharding.batches(indices, config.train.batch_size)
     sums: dict[str, float] = {}
-    for inputs, targets in prefetch(batches,
-                                    lambda idx: data.get_batch(idx, -1), config.data.prefetch_batches):
+    for inputs, targets in load_batches(data, batches, -1, config, ctx):
         watchdog.beat(watchdog.step, "evaluating")
         for k, v in adapter.eval_step(inputs, targets).items():
             sums[k] = sums.get(k, 0.0) + (float(v) if exact else v)  # bitwise mode: in float64

@@ -45,7 +45,7 @@ from hvdtrain.core.jobchecks import JobChecks
 from hvdtrain.core.redact import redact_values
 from hvdtrain.core.evaluation import evaluate
 from hvdtrain.core.outputdir import CONFIG_FILE, OutputLock, discard_unfinished
-from hvdtrain.core.prefetch import prefetch
+from hvdtrain.core.prefetch import load_batches
 from hvdtrain.core.preemption import PreemptionWatch
 from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.registry import get_builder, get_recipe
@@ -250,7 +250,7 @@ class Trainer:
         batch_list, cut = step_limit.cut(cfg, batch_list, stats.global_step, accum)
         last = len(batch_list) - 1
         started, seen = time.perf_counter(), 0
-        loaded = prefetch(batch_list, lambda idx: task.train_data.get_batch(idx, epoch), cfg.data.prefetch_batches)
+        loaded = load_batches(task.train_data, batch_list, epoch, cfg, ctx)  # in data workers or a thread
         self.watchdog.beat(stats.global_step, "loading the first batch")
         for i, (inputs, targets) in enumerate(loaded):
             if i % accum == 0:

@@ -1,10 +1,38 @@
-"""Background batch preparation: decode and augment the next batches while the current one trains."""
+"""Background batch preparation: decode and augment the next batches while the current one trains.
+
+:func:`load_batches` is how the loop reads a source's batches: in ``data.workers`` processes for the
+sources that allow it (map-style and Hugging Face sources: :mod:`hvdtrain.core.item_workers`),
+otherwise by one background thread (:func:`prefetch`); either way in the order given.
+"""
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from typing import Any, Callable, Iterable, Iterator
+
+
+def load_batches(source: Any, batches: list[Any], epoch: int, config: Any, ctx: Any) -> Iterator[Any]:
+    """``source.get_batch(indices, epoch)`` for each of ``batches``, in order, read ahead by
+    ``data.workers`` processes (``source.in_workers``; None: :func:`~hvdtrain.core.item_workers.default_workers`)
+    or by the prefetch thread, ``data.prefetch_batches`` batches ahead."""
+    depth, loaded = config.data.prefetch_batches, None
+    if getattr(source, "in_workers", False):
+        from hvdtrain.core import item_workers
+
+        workers = config.data.workers
+        workers = item_workers.default_workers(ctx.local_size) if workers is None else workers
+
+        def say(line: str, warning: bool) -> None:
+            if ctx.rank == 0:
+                print(f"hvdtrain: {'warning: ' if warning else ''}{line}", file=sys.stderr if warning else sys.stdout,
+                      flush=True)
+
+        loaded = item_workers.batches(source, batches, epoch, depth, workers, config.train.seed, say)
+    if loaded is None:
+        return prefetch(batches, lambda idx: source.get_batch(idx, epoch), depth)
+    return loaded
 
 
 def prefetch(items: Iterable[Any], load: Callable[[Any], Any], depth: int = 2) -> Iterator[Any]:

@@ -44,6 +44,9 @@ class SourceError(ConfigError):
     """A task's data is not a kind the loop can read (one line naming what is accepted)."""
 
 
+class ItemError(RuntimeError):
+    """An item's ``__getitem__`` raised: the message names the data and the index."""
+
 
 def _stream(data: Any, field: str) -> tuple[str | None, str | None]:
     """``(what, refusal)``: ``what`` names a stream :func:`hvdtrain.core.streams.read` reads
@@ -153,7 +156,11 @@ def _split(batch: Any, field: str, inputs: Sequence[str] | None, target: str | N
 
 
 class MapSource:
-    """A map-style dataset (``len()`` and ``dataset[i]``) read item by item and collated."""
+    """A map-style dataset (``len()`` and ``dataset[i]``) read item by item and collated, in worker
+    processes (``in_workers``: :mod:`hvdtrain.core.item_workers`) or by the loop's thread."""
+
+    in_workers = True
+    before_item = None  # in a worker: seeds the global random generators from (seed, epoch, index)
 
     def __init__(self, dataset: Any, field: str = "train_data", inputs: Sequence[str] | None = None,
                  target: str | None = None) -> None:
@@ -163,12 +170,25 @@ class MapSource:
         return len(self.source)
 
     def get_batch(self, indices: np.ndarray, epoch: int) -> tuple[Any, np.ndarray]:
-        """The items at ``indices``, collated, as ``(inputs, targets)``."""
-        return _split(collate([self.source[int(i)] for i in indices]), self.field, self.inputs, self.target)
+        """The items at ``indices``, collated, as ``(inputs, targets)``; :class:`ItemError` names an
+        item whose ``__getitem__`` raised."""
+        items = []
+        for i in indices:
+            if self.before_item is not None:
+                self.before_item(epoch, int(i))
+            try:
+                items.append(self.source[int(i)])
+            except Exception as exc:
+                raise ItemError(f"TrainTask.{self.field}[{int(i)}]: {type_name(self.source)}.__getitem__({int(i)}) "
+                                f"raised {type(exc).__name__}: {exc}") from exc
+        return _split(collate(items), self.field, self.inputs, self.target)
 
 
 class ColumnSource:
-    """A Hugging Face ``datasets.Dataset``: one batched read per batch (NumPy format), chosen columns."""
+    """A Hugging Face ``datasets.Dataset``: one batched read per batch (NumPy format), chosen columns,
+    in worker processes (``in_workers``) or by the loop's thread."""
+
+    in_workers = True
 
     def __init__(self, dataset: Any, field: str = "train_data", inputs: Sequence[str] | None = None,
                  target: str | None = None) -> None:
@@ -192,7 +212,9 @@ class ColumnSource:
 class StreamSource(MapSource):
     """A stream's elements (:func:`hvdtrain.core.streams.read`) in the order it yielded them, read as a
     map-style source; ``fingerprint()`` hashes their content (the start-up data check compares it
-    across ranks)."""
+    across ranks). Read by the loop's thread: its items are already in memory (a worker would copy them)."""
+
+    in_workers = False
 
     def fingerprint(self) -> str:
         """A content hash of the elements in order."""
