@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from hvdtrain.core import watchdog
 from hvdtrain.core.processes import (die_with_parent, ignore_job_signals, main_not_reimported,
                                      remove_dead_segments, segment_name)
 from hvdtrain.core.sources import ItemError
@@ -373,7 +374,8 @@ def batches(source: Any, index_lists: list[np.ndarray], epoch: int, depth: int, 
     workers once and forgotten when it is garbage collected."""
     if workers <= 0 or _SOURCES.get(source, ...) is None:
         return None
-    workers_pool = pool(workers)
+    with watchdog.phase("starting the data workers"):
+        workers_pool = pool(workers)
     known = _SOURCES.get(source)
     if known is None or known[0] is not workers_pool or known[2] != seed:
         field = getattr(source, "field", "data")
@@ -382,7 +384,8 @@ def batches(source: Any, index_lists: list[np.ndarray], epoch: int, depth: int, 
             import cloudpickle
 
             _by_value_where_unimportable(source, cloudpickle)
-            sid = workers_pool.add(cloudpickle.dumps(source), seed, field)
+            with watchdog.phase(f"sending TrainTask.{field} to the data workers"):
+                sid = workers_pool.add(cloudpickle.dumps(source), seed, field)
         except (WorkerDied, KeyboardInterrupt):
             raise
         except Exception as exc:  # noqa: BLE001  (named in the warning; the thread reads the items as before)
