@@ -6,12 +6,14 @@ Both sides train the image recipe's ``small_cnn`` (the suite's row 1 model) on t
 real MNIST images, batch 64, one epoch, no checkpoints. A: ``hvdtrain.ArrayDataset(x, y)`` (one
 fancy-indexing per batch). B: a ``torch.utils.data.Dataset`` whose ``__getitem__`` returns
 ``(tensor image, int label)``, as users write one: hvdtrain reads it item by item and collates
-each batch in its prefetch thread (``hvdtrain.core.sources.MapSource``). The rate of each side is
-taken between the end of step 4 and the last step (a Callback's clock); the ratio B/A per round,
-and its median, is printed with both sides' medians and the milliseconds each side takes to read
-one batch (:func:`read_cost`)::
+each batch in its data worker processes (``hvdtrain.core.sources.MapSource`` read by
+``hvdtrain.core.item_workers``, ``data.workers`` at its default: the cores of this rank, at most
+4; started once per process, in the warm-up), or in its prefetch thread with ``--workers 0``.
+The rate of each side is taken between the end of step 4 and the last step (a Callback's clock);
+the ratio B/A per round, and its median, is printed with both sides' medians and the milliseconds
+each side takes to read one batch (:func:`read_cost`)::
 
-    .venv/bin/python benchmarks/source_overhead.py [ROUNDS (default 7)]
+    .venv/bin/python benchmarks/source_overhead.py [ROUNDS (default 7)] [--workers N]
 """
 
 from __future__ import annotations
@@ -83,9 +85,9 @@ class Clock(hvdtrain.Callback):
         self.clock.tick()
 
 
-def rate(side: str, root: Path, index: int) -> float:
+def rate(side: str, root: Path, index: int, workers: list[str]) -> float:
     """One epoch of side ``side`` ("array" or "map"): samples/s of its steady steps."""
-    config = load_config({}, overrides=[f"recipe=bench-source-{side}", "framework=torch",
+    config = load_config({}, overrides=[f"recipe=bench-source-{side}", "framework=torch", *workers,
                                         *hvdtrain_overrides(str(root / f"{side}-{index}")),
                                         "train.tensorboard=false", "train.progress_bar=false"])
     clock = Clock()
@@ -116,22 +118,26 @@ def read_cost(x, y) -> dict[str, float]:
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    args = sys.argv[1:]
+    workers = [f"data.workers={args.pop(args.index('--workers') + 1)}"] if "--workers" in args else []
+    args = [a for a in args if a != "--workers"]
+    rounds = int(args[0]) if args else 7
     x, y, xv, yv = mnist_arrays(N_TRAIN)
     register(x, y, xv, yv)
     started = time.time()
     array, mapped, ratios = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        rate("array", Path(tmp), -1)  # warm-up: imports, first allocations
+        for side in ("array", "map"):  # warm-up: imports, first allocations, the data workers' start
+            rate(side, Path(tmp), -1, workers)
         for k in range(rounds):
             order = ("array", "map") if k % 2 == 0 else ("map", "array")
-            got = {side: rate(side, Path(tmp), k) for side in order}
+            got = {side: rate(side, Path(tmp), k, workers) for side in order}
             array.append(got["array"])
             mapped.append(got["map"])
             ratios.append(got["map"] / got["array"])
             print(f"round {k + 1}: ArrayDataset {got['array']:.1f}, torch Dataset {got['map']:.1f} samples/s, "
                   f"ratio {ratios[-1]:.3f}", flush=True)
-    print(json.dumps({**read_cost(x, y), "array_median": statistics.median(array), "map_median": statistics.median(mapped),
+    print(json.dumps({**read_cost(x, y), "workers": workers[0] if workers else "data.workers default", "array_median": statistics.median(array), "map_median": statistics.median(mapped),
                       "ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3),
                       "minutes": round((time.time() - started) / 60, 1)}))
 

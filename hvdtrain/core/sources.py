@@ -15,6 +15,10 @@ The loop reads random-access data (:class:`hvdtrain.core.task.Dataset`): ``len()
   ``__getitem__``: items collated into batches the way torch's ``default_collate`` does, nested
   dicts, tuples and lists included, as NumPy (:class:`MapSource`).
 
+Map-style and Hugging Face sources are read in ``data.workers`` worker processes
+(:mod:`hvdtrain.core.item_workers`: the same batches, in order), streams by the loop's thread. An
+item whose ``__getitem__`` raises is named by index (:class:`ItemError`).
+
 An item is ``(inputs, target)``, or a mapping of columns with a target column (``label``/``labels``,
 or the one named). Every random-access source keeps the loop's guarantees: the order comes from
 ``(train.seed, epoch)`` and the position in it, so a resume is exact at any world size. Anything

@@ -4,9 +4,14 @@ The loop reads random access (the order from ``(train.seed, epoch)``, a resume e
 size). A stream has no index, so :func:`read` gives it one: every rank reads the whole
 stream once, when the task is built (as Accelerate's ``IterableDatasetShard`` does, where every
 process iterates all of it and keeps its share), and sample ``i`` is the ``i``-th element it
-yielded (:class:`hvdtrain.core.sources.StreamSource`). From there it is a map-style source with every guarantee of one, provided the stream
-yields the same elements in the same order on every rank and in every run (a fixed seed for any
-shuffle of its own). Ranks that read different elements (a stream sharded by the user with
+yielded (:class:`hvdtrain.core.sources.StreamSource`). From there it is a map-style source with
+every guarantee of one, provided the stream yields the same elements in the same order on every
+rank and in every run (a fixed seed for any shuffle of its own). Resume: a checkpoint holds a
+position in the ``(train.seed, epoch)`` order of these indices, not in the stream; ``--resume``
+reads the stream again from its start and goes on at the next sample, at the same or another
+world size (nothing is refused). A stream that yields other elements than in the run that wrote
+the checkpoint is not detected (the data check compares ranks, not runs). The elements are read
+by the loop's thread, not by data workers: they are in memory already. Ranks that read different elements (a stream sharded by the user with
 ``ds.shard(size, rank)``, an unseeded shuffle) are refused at start-up by the data check, which
 compares the fingerprint (:func:`fingerprint`) across ranks. A stream must end and
 fit in memory (:data:`LIMIT_BYTES`, counted in NumPy bytes as it is read); larger data, or data
