@@ -78,6 +78,7 @@ class TensorFlowAdapter(FrameworkAdapter):
 
     name = "tensorflow"
     checkpoint_files = (MODEL_FILE, OPTIMIZER_FILE)  # what load_state reads, pipeline stages too
+    as_batch = staticmethod(_as_tensor)  # a batch (an array or a dict of them) as tensors
 
     def init(self, config: Any) -> DistContext:
         train_config = config.train

@@ -177,10 +177,8 @@ def _data_parallel(plan: ExchangePlan, adapter: Any, accumulation: int) -> Any:
 
 def bitwise_step(exchange: Any, adapter: Any) -> Callable[..., Any]:
     """Bitwise mode's micro-batch: the exchange runs each one (its gradient row into the tree)."""
-    from hvdtrain.tensorflow.adapter import _as_tensor as as_tensor  # the adapter's batch conversion
-
     def train_step(inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> Any:
-        return exchange.train_step(as_tensor(inputs), tf.convert_to_tensor(targets), apply_update,
+        return exchange.train_step(adapter.as_batch(inputs), tf.convert_to_tensor(targets), apply_update,
                                    1.0 / adapter.accumulation if weight is None else weight)
 
     return train_step
