@@ -19,7 +19,7 @@ tf_logging.install()  # before anything can import TensorFlow: quiet start-up, t
 
 from hvdtrain._version import __version__  # noqa: E402,F401  (hvdtrain.__version__)
 
-import importlib  # noqa: E402
+from hvdtrain import _lazy  # noqa: E402
 
 # the public names and the modules that define them, imported on first use (PEP 562): a process
 # that needs only part of the package (a data decoding worker imports hvdtrain.data) does not pay
@@ -42,19 +42,4 @@ _EXPORTS = {
     "hvdtrain.data.options": ["ImageOptions"],
     "hvdtrain.api": ["WorkerError", "run"],
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str):
-    """A public name, imported from its module on first use (then an ordinary attribute)."""
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")
-    value = globals()[name] = getattr(importlib.import_module(module), name)
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULE_OF})
-
+__getattr__, __dir__, __all__ = _lazy.exports(__name__, _EXPORTS)

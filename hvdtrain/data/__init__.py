@@ -31,17 +31,8 @@ loads nothing (its modules are imported by name, its public names on first use),
 can use the transform names without Pillow.
 """
 
-import importlib
+from hvdtrain import _lazy
 
-_EXPORTS = {"open_images": "hvdtrain.data.images", "ImageData": "hvdtrain.data.images",
-            "ImageOptions": "hvdtrain.data.options", "DataError": "hvdtrain.data.errors"}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    """A public name, imported from its module on first use (PEP 562)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hvdtrain.data' has no attribute {name!r}")
-    value = globals()[name] = getattr(importlib.import_module(module), name)
-    return value
+_EXPORTS = {"hvdtrain.data.images": ["ImageData", "open_images"], "hvdtrain.data.options": ["ImageOptions"],
+            "hvdtrain.data.errors": ["DataError"]}
+__getattr__, __dir__, __all__ = _lazy.exports(__name__, _EXPORTS)
