@@ -4,9 +4,8 @@ a Hugging Face model's preprocessing (its size and resize/crop unless set) and t
 
 from __future__ import annotations
 
-from hvdtrain.data.images import open_images
+from hvdtrain.data import ImageOptions, open_images
 from hvdtrain.data.mnist import embedded_mnist
-from hvdtrain.data.options import ImageOptions
 from hvdtrain_recipes.image_classification.hf_models import HFImageModel, apply_preprocessing, is_hf_model, resolve
 
 LARGE_IMAGE_MODEL = "resnet50"

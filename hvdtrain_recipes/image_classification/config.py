@@ -9,7 +9,7 @@ note: ``data.image_size`` -> ``image.size``, ``data.augment`` -> ``image.augment
 
 from __future__ import annotations
 
-from hvdtrain.data.options import ImageOptions
+from hvdtrain.data import ImageOptions
 
 MOVED_KEYS = {"data.image_size": "image.size", "data.augment": "image.augment", "data.bad_files": "image.bad_files"}
 ImageConfig = ImageOptions  # the section's name in this recipe (tests and older code import it from here)

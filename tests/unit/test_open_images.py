@@ -142,6 +142,18 @@ def test_caps_format_and_shard_patterns_are_honoured(layouts):
     np.testing.assert_array_equal(data.train.get_batch(np.arange(7), 0)[0], again.train.get_batch(np.arange(7), 0)[0])
 
 
+def test_without_a_root_the_shard_patterns_locate_the_data(layouts, monkeypatch):
+    root, _, _ = layouts["parquet"]
+    named = ImageOptions(size=16, workers=0, train_shards=str(root / "data" / "train-*.parquet"),
+                         val_shards=str(root / "data" / "val-*.parquet"))
+    monkeypatch.chdir(root / "data")  # relative patterns: from the current folder
+    for options in (named, ImageOptions(size=16, workers=0, train_shards="train-*.parquet", val_shards="val-*.parquet")):
+        data = open_images(None, options, seed=SEED)
+        assert (data.format, len(data.train), len(data.val), data.classes) == ("parquet", 15, 6, list(CLASSES))
+    with pytest.raises(DataError, match="image.format=folder: an ImageFolder tree needs its folder"):
+        open_images(None, ImageOptions(format="folder", train_shards="train-*.parquet"))
+
+
 def test_the_call_is_public():
     assert hvdtrain.open_images is hvdtrain.data.open_images is open_images
     assert hvdtrain.ImageOptions is hvdtrain.data.ImageOptions
