@@ -184,13 +184,14 @@ def worker(out: str, label: str, overrides: list[str]) -> None:
         marks.mark("end")
     adapter = trainer.adapter
     params = nbytes(adapter.trainable)
-    if adapter.sharded is None:
+    sharded = getattr(adapter.optimizer_state, "sharded", None)  # hvdtrain.tensorflow.exchanges.ShardedState's
+    if sharded is None:
         optimizer = nbytes([v for v in adapter.optimizer.variables if len(v.shape) > 0])
         grads = params
     else:
-        optimizer = adapter.sharded.state_bytes()
-        whole = sum(g.padded * g.dtype.size for g in adapter.sharded.groups)
-        grads = whole if adapter.sharded.mode == "optimizer" else whole // adapter.sharded.size
+        optimizer = sharded.state_bytes()
+        whole = sum(g.padded * g.dtype.size for g in sharded.groups)
+        grads = whole if sharded.mode == "optimizer" else whole // sharded.size
     steps = len(clock.times)  # after the 3rd step (the first ones trace the step): this rank's CPU time
     cpu_per_step = (clock.times[-1][1] - clock.times[2][1]) / (steps - 3) if steps > 3 else None
     # page faults (minor: memory first touched) per step: a new large buffer per step pays them
