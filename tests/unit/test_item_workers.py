@@ -96,7 +96,7 @@ def _without(batches, *keys):
 
 
 def _segments(pid: int) -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.startswith(f"hvdtrain-") and f"-{pid}-" in n] \
+    return [n for n in os.listdir("/dev/shm") if n.startswith("hvdtrain-") and f"-{pid}-" in n] \
         if os.path.isdir("/dev/shm") else []
 
 
