@@ -113,7 +113,7 @@ def kept_date(results: dict) -> str:
 # sections/ missing from this list is an error (tests/unit/test_benchmark_sections.py).
 SECTIONS = ("image_pipeline.md", "image_decoders.md", "compiled_steps.md", "compression.md", "text_cache.md",
             "pipeline_stages.md", "launch_overheads.md", "finetune.md", "trackers.md", "sharded_zero1.md",
-            "sharded_zero2.md", "image_shards.md", "data_sources.md", "world_size.md",
+            "sharded_zero2.md", "image_shards.md", "data_sources.md", "world_size.md", "torch_wait.md",
             "gpu.md")
 
 
