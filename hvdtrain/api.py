@@ -43,7 +43,7 @@ from hvdtrain.core.config import RunConfig, to_dict
 from hvdtrain.core.errors import type_name
 from hvdtrain.core.loop import RunResult
 from hvdtrain.core.plugins import resolve_recipe_name
-from hvdtrain.launch import jobchannel
+from hvdtrain.launch import detect, jobchannel
 from hvdtrain.trainer import train
 from hvdtrain.core.registry import RecipeSpec, get_recipe, register_spec
 from hvdtrain.core.resolve import load_config
@@ -217,7 +217,7 @@ def _worker(config: RunConfig, spec: RecipeSpec, channel: tuple[str, int, bytes]
             callbacks: list[Callback] | tuple[Callback, ...] = ()) -> RunResult | None:
     """What each worker runs: register the shipped recipe, train (with the caller's callbacks),
     report a failure before dying."""
-    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    rank = detect.rank()
     try:
         register_spec(spec, replace=True)
         result = train(config, callbacks)

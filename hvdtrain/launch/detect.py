@@ -32,3 +32,15 @@ def launcher(environ: Mapping[str, str] | None = None) -> str | None:
 def under_launcher(environ: Mapping[str, str] | None = None) -> bool:
     """True if a launcher (horovodrun, mpirun, srun) started this process."""
     return launcher(environ) is not None
+
+
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def rank(environ: Mapping[str, str] | None = None) -> int:
+    """This worker's rank as its launcher set it (in :data:`LAUNCHERS`' order), before Horovod
+    starts; 0 for a process started alone or a value that is not a whole number."""
+    env = os.environ if environ is None else environ
+    value = next((env[v] for v in RANK_VARIABLES if v in env), "0")
+    return int(value) if value.strip().isdigit() else 0
+

@@ -121,3 +121,12 @@ def test_a_host_name_that_is_an_ssh_option_is_refused_before_any_ssh_runs(tmp_pa
             hosts.parse_hosts(f"{bad}:1")
     assert hosts.parse_hosts("user@node-1.example.com:2,10.0.0.7,my_host.") == [
         ("user@node-1.example.com", 2), ("10.0.0.7", 1), ("my_host.", 1)]
+
+
+def test_the_rank_comes_from_the_launcher_that_set_it_and_is_zero_alone():
+    from hvdtrain.launch import detect
+
+    assert detect.rank({}) == 0
+    assert detect.rank({"HOROVOD_RANK": "3", "SLURM_PROCID": "1"}) == 3  # horovodrun inside an allocation
+    assert detect.rank({"OMPI_COMM_WORLD_RANK": "2"}) == 2 and detect.rank({"SLURM_PROCID": "5"}) == 5
+    assert detect.rank({"SLURM_PROCID": "1; rm -rf /"}) == 0  # a variable from elsewhere is not trusted
