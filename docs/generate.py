@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import inspect
 import re
 import sys
@@ -121,8 +122,11 @@ def config_page() -> str:
     for name, cls in nested:
         out += _section_table(name, cls)
     out += ["## Recipes' own sections and defaults", ""]
+    # the recipes this package ships (its own entry points), not whatever else this process registered
+    shipped = {ep.name for ep in importlib.metadata.entry_points(group="hvdtrain.recipes")
+               if ep.dist is not None and ep.dist.name == "hvdtrain"}
     for recipe, spec in sorted(list_recipes().items()):
-        if recipe.startswith("_"):
+        if recipe.startswith("_") or recipe not in shipped:
             continue
         out += [f"### Recipe `{recipe}`", "", spec.description, ""]
         if spec.defaults:
