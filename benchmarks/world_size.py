@@ -1,9 +1,9 @@
 """The cost of a fixed global batch and of bitwise mode against plain data parallelism (issue 42),
-interleaved: real ``horovodrun -np 2`` jobs of the image recipe (ResNet-18, BatchNorm throughout,
-MNIST digits at ``--image-size`` pixels), run in turn A, B, C, A, B, C, ...:
+interleaved: real ``horovodrun -np N`` jobs (``--np``, default 2) of the image recipe (ResNet-18,
+BatchNorm throughout, MNIST digits at ``--image-size`` pixels), run in turn A, B, C, A, B, C, ...:
 
-* ``plain``: ``--batch-size B`` per worker (the global batch is 2 x B);
-* ``fixed``: ``train.global_batch_size=2B`` in micro-batches of B (the same arithmetic at 2 workers:
+* ``plain``: ``--batch-size B`` per worker (the global batch is N x B);
+* ``fixed``: ``train.global_batch_size=NB`` in micro-batches of B (the same arithmetic at N workers:
   what the dealing of global batches costs);
 * ``bitwise``: the same plus ``train.reproducible=world-size``.
 
@@ -14,6 +14,8 @@ rounds. Peak memory: the largest resident set of one process of the job (``os.wa
 ``ru_maxrss``, the job's own processes only).
 
     python benchmarks/world_size.py --framework torch --rounds 2
+    python benchmarks/world_size.py --framework torch --rounds 2 --np 4
+    python benchmarks/world_size.py --framework tensorflow --rounds 2
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ BIN = Path(sys.executable).parent
 
 def job(mode: str, args: argparse.Namespace, out: Path) -> dict:
     b = args.batch_size
-    keys = {"plain": [], "fixed": [f"train.global_batch_size={2 * b}"],
-            "bitwise": [f"train.global_batch_size={2 * b}", "train.reproducible=world-size"]}[mode]
-    cmd = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", str(BIN / "hvdtrain"), "recipe",
+    n = args.np
+    keys = {"plain": [], "fixed": [f"train.global_batch_size={n * b}"],
+            "bitwise": [f"train.global_batch_size={n * b}", "train.reproducible=world-size"]}[mode]
+    cmd = [str(BIN / "horovodrun"), "-np", str(n), "-H", f"localhost:{n}", "--gloo", str(BIN / "hvdtrain"), "recipe",
            "image-classification", "--framework", args.framework, "--output", str(out), "--epochs", str(args.epochs),
            "--batch-size", str(b), "--set", "model.name=resnet18", "--set", f"data.image_size={args.image_size}",
            "--set", f"data.max_train_samples={args.samples}", "--set", "data.max_val_samples=32",
@@ -59,6 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--framework", default="torch", choices=("torch", "tensorflow"))
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--np", type=int, default=2, help="workers of every job (4 on 2 cores: oversubscribed)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=16)
