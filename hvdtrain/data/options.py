@@ -43,9 +43,10 @@ class ImageOptions:
                          "{bytes, path} + label), 'arrow' (datasets save_to_disk), 'auto' (detected from the layout)",
                          choices=FORMATS)
     train_shards: str | None = option(None, "training shards: a brace pattern (train-{000000..001023}.tar), a glob "
-                                      "or a folder, relative to --data or absolute; None: the format's usual place "
-                                      "(train/*.tar or *train*.tar, data/train-*.parquet or train/*.parquet, "
-                                      "save_to_disk's train split)", resume="data")
+                                      "or a folder, relative to --data (to the current folder without --data), "
+                                      "absolute or a URL; None: the format's usual place (train/*.tar or "
+                                      "*train*.tar, data/train-*.parquet or train/*.parquet, save_to_disk's train "
+                                      "split)", resume="data")
     val_shards: str | None = option(None, "validation shards, as image.train_shards; None: the val, validation or "
                                     "test split in the format's usual place")
     image_column: str | None = option(None, "Parquet/Arrow image column ({bytes, path} struct or binary); None: the "
