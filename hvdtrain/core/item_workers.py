@@ -49,7 +49,7 @@ import numpy as np
 
 from hvdtrain.core import watchdog
 from hvdtrain.core.processes import (die_with_parent, ignore_job_signals, main_not_reimported,
-                                     remove_dead_segments, segment_name)
+                                     remove_dead_segments, segment_name, stop_workers)
 from hvdtrain.core.sources import ItemError
 
 MAX_DEFAULT_WORKERS = 4  # each worker holds a copy of the source (and imports what its items need)
@@ -323,16 +323,7 @@ class ItemWorkers:
         if self._closed:
             return
         self._closed = True
-        for q in self.tasks:
-            try:
-                q.put(None)
-            except (OSError, ValueError):
-                pass
-        for p in self.procs:
-            p.join(timeout=2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=1.0)
+        stop_workers(self.tasks, self.procs)
         slots = self._free + list(self._pending.values()) + [slot for _, slot in self._arrived.values()]
         for slot in slots:
             if slot is not None:

@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 SEGMENT_PREFIX = "hvdtrain-"
@@ -137,3 +138,18 @@ def ignore_job_signals() -> None:
     """In a worker: leave the job's signals to the trainer (see :data:`JOB_SIGNALS`)."""
     for number in JOB_SIGNALS:
         signal.signal(number, signal.SIG_IGN)
+
+
+def stop_workers(tasks: list[Any], procs: list[Any]) -> None:
+    """Ask each worker to end (``None`` on its task queue), wait 2 s for it, then kill one that
+    is still alive: the end of every helper-process pool."""
+    for q in tasks:
+        try:
+            q.put(None)
+        except (OSError, ValueError):  # a queue already closed
+            pass
+    for p in procs:
+        p.join(timeout=2.0)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=1.0)

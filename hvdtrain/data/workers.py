@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from hvdtrain.core.processes import (JOB_SIGNALS, SEGMENT_PREFIX, SHM_DIR, remove_dead_segments,  # noqa: F401
-                                     segment_name)
+                                     segment_name, stop_workers)
 from hvdtrain.core.processes import die_with_parent as _die_with_parent
 from hvdtrain.core.processes import main_not_reimported as _main_not_reimported
 
@@ -169,16 +169,7 @@ class WorkerPool:
         if self._closed and not any(p.is_alive() for p in self.procs) and self.shm is None:
             return
         self._closed = True
-        for q in self.tasks:
-            try:
-                q.put(None)
-            except (OSError, ValueError):
-                pass
-        for p in self.procs:
-            p.join(timeout=2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=1.0)
+        stop_workers(self.tasks, self.procs)
         if self.shm is not None:
             try:
                 self.shm.close()
