@@ -17,11 +17,11 @@ by (epoch, sample), ``train.global_batch_size=16`` in micro-batches of 4, 2 epoc
   world size. Without bitwise mode the same runs differ in the last bits (the 1.2e-7 above), so
   the hashes are a witness that can fail.
 
-* **bitwise mode in TensorFlow**: the same network in Keras, 6 updates on 1 and on 4 workers (1
-  worker accumulates the update's 4 micro-batches, 4 workers one each): equal hashes after every update and equal
-  metrics lines.
+* **bitwise mode in TensorFlow**: the same network in Keras, 6 updates on 1, 2 and 4 workers (1
+  worker accumulates the update's 4 micro-batches, 2 workers two each, 4 workers one each): equal hashes
+  after every update and equal metrics lines.
 
-One launch per run, shared by every assertion through a module-scoped fixture (seven launches, the
+One launch per run, shared by every assertion through a module-scoped fixture (eight launches, the
 4-worker ones with tiny work per rank).
 """
 
@@ -56,7 +56,7 @@ def runs(tmp_path_factory):
     saving = [*BITWISE, "checkpoint.enabled=true"]
     found["bitwise", 4] = launch(root, "bitwise4", 4, [*saving, "--stop-at=6"], output="elastic")
     found["bitwise", 2] = launch(root, "bitwise2", 2, [*saving, "checkpoint.resume=true"], output="elastic")
-    for n in (1, 4):
+    for n in (1, 2, 4):
         found["tensorflow", n] = launch(root, f"tensorflow{n}", n, [*BITWISE, "train.epochs=1",
                                                                     "framework=tensorflow"])
     return found
@@ -96,10 +96,12 @@ def test_bitwise_mode_gives_the_same_weights_and_metrics_on_1_4_then_2_workers(r
 
 
 @pytest.mark.distributed
-def test_bitwise_mode_in_tensorflow_gives_the_same_weights_and_metrics_on_1_and_4_workers(runs):
-    one, four = runs["tensorflow", 1], runs["tensorflow", 4]
-    assert (one["world_size"], four["world_size"]) == (1, 4)
+def test_bitwise_mode_in_tensorflow_gives_the_same_weights_and_metrics_on_1_2_and_4_workers(runs):
+    one, two, four = runs["tensorflow", 1], runs["tensorflow", 2], runs["tensorflow", 4]
+    assert (one["world_size"], two["world_size"], four["world_size"]) == (1, 2, 4)
     assert len(one["hashes"]) == 6 and len(set(one["hashes"])) == 6
-    assert four["hashes"] == one["hashes"]
-    assert [{k: v for k, v in row.items() if k not in TIMINGS} for row in four["metrics"]] == \
-        [{k: v for k, v in row.items() if k not in TIMINGS} for row in one["metrics"]]
+    assert two["hashes"] == one["hashes"] and four["hashes"] == one["hashes"]
+
+    def lines(report):
+        return [{k: v for k, v in row.items() if k not in TIMINGS} for row in report["metrics"]]
+    assert lines(two) == lines(one) and lines(four) == lines(one)
