@@ -34,7 +34,8 @@ def under_launcher(environ: Mapping[str, str] | None = None) -> bool:
     return launcher(environ) is not None
 
 
-RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+# the rank each launcher sets, from LAUNCHERS (not its rendezvous address)
+RANK_VARIABLES = tuple(v for _, variables in LAUNCHERS for v in variables if v.endswith(("RANK", "PROCID")))
 
 
 def rank(environ: Mapping[str, str] | None = None) -> int:
