@@ -67,6 +67,18 @@ def overhead(data: dict) -> list[dict]:
     return rows
 
 
+def own_loop(data: dict) -> dict:
+    """Row 1-torch-prepare: a user's own loop through ``hvdtrain.torch.prepare`` against the same loop
+    written with Horovod by hand (benchmarks/own_loop_overhead.py), epochs interleaved."""
+    ratios = data["ratios"]
+    return row("1-torch-prepare", "prepare() in a user's own loop (PyTorch), np=2",
+               "own loop through hvdtrain.torch.prepare, samples/s per worker", data["prepare_median"],
+               "the same loop with hvd.DistributedOptimizer, broadcasts and a DistributedSampler",
+               data["hand_median"], ratios, "samples/s", ">= 0.99", median(ratios) >= 0.99,
+               f"small_cnn, SGD with momentum, batch 64, {data['samples']} MNIST samples in a TensorDataset, "
+               "one epoch per side per round, sides alternating (benchmarks/own_loop_overhead.py)")
+
+
 def scaling(runs: dict[int, list[dict]]) -> dict:
     """Item 3: per-worker throughput at np=2 / np=1 for hvdtrain bench and the hand-written loop."""
     eff = {"hvdtrain": [], "baseline": []}

@@ -13,7 +13,9 @@ Each side's rate is taken between the end of step 4 and its last step; the ratio
 its median are printed. Run under Horovod (both sides use the threads prepare() sets: the cores
 shared among the local workers)::
 
-    horovodrun -np 2 -H localhost:2 python benchmarks/own_loop_overhead.py [ROUNDS (default 7)] [SAMPLES (default 4096)]
+    horovodrun -np 2 -H localhost:2 python benchmarks/own_loop_overhead.py [ROUNDS (default 7)] [SAMPLES (default 4096)] [OUT.json]
+
+``benchmarks/run.py --only 1`` runs it as row 1-torch-prepare (OUT.json: the JSON line below).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def by_prepare(data: TensorDataset, epoch: int) -> float:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
     samples = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
+    out = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     x, y, _, _ = mnist_arrays(samples)
     data = TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
     started = time.time()
@@ -92,11 +95,15 @@ def main() -> None:
             print(f"round {k + 1}: by hand {got['hand']:.1f}, prepare() {got['prepare']:.1f} samples/s per worker, "
                   f"ratio {ratios[-1]:.3f}", flush=True)
     if hvd.rank() == 0:
-        print(json.dumps({"workers": hvd.size(), "threads": torch.get_num_threads(), "samples": samples,
-                          "hand_median": round(statistics.median(hand), 1),
-                          "prepare_median": round(statistics.median(own), 1),
-                          "ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3),
-                          "minutes": round((time.time() - started) / 60, 1)}))
+        result = json.dumps({"workers": hvd.size(), "threads": torch.get_num_threads(), "samples": samples,
+                             "hand_median": round(statistics.median(hand), 1),
+                             "prepare_median": round(statistics.median(own), 1), "hand": hand, "prepare": own,
+                             "ratios": [round(r, 3) for r in ratios],
+                             "median_ratio": round(statistics.median(ratios), 3),
+                             "minutes": round((time.time() - started) / 60, 1)})
+        print(result)
+        if out is not None:
+            out.write_text(result)
 
 
 if __name__ == "__main__":

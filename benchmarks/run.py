@@ -63,14 +63,16 @@ def horovodrun(np_: int, script: str, *args) -> list:
 
 def run_item(item: str, rounds: int, raw: Path, log: Path) -> list[dict]:
     """Run one item's jobs and return its table rows."""
-    if item == "1":  # also item 2 (DDP runs interleaved in the torch job)
+    if item == "1":  # also item 2 (DDP in the torch job), Keras fit (TensorFlow job), prepare() (own job)
         rows = []
         for framework in ("torch", "tensorflow"):
             out = raw / f"overhead_{framework}.json"
             launch(horovodrun(2, "workers/overhead.py", framework, out, "--rounds", 2 * rounds,
-                              *(["--ddp"] if framework == "torch" else [])), log)
+                              "--ddp" if framework == "torch" else "--keras-fit"), log)
             rows += analyze.overhead(json.loads(out.read_text()))
-        return rows
+        out = raw / "own_loop.json"
+        launch(horovodrun(2, "own_loop_overhead.py", 2 * rounds, 4096, out), log)
+        return rows + [analyze.own_loop(json.loads(out.read_text()))]
     if item == "3":
         runs = {1: [], 2: []}
         for r in range(rounds):
