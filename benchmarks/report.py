@@ -111,7 +111,7 @@ def kept_date(results: dict) -> str:
 # written by hand or by its own benchmark script (compression.md: benchmarks/compression.py). A
 # section edited in BENCHMARKS.md itself is lost at the next run: edit its file here. A file in
 # sections/ missing from this list is an error (tests/unit/test_benchmark_sections.py).
-SECTIONS = ("image_pipeline.md", "image_decoders.md", "compiled_steps.md", "compression.md", "text_cache.md",
+SECTIONS = ("own_script.md", "image_pipeline.md", "image_decoders.md", "compiled_steps.md", "compression.md", "text_cache.md",
             "pipeline_stages.md", "launch_overheads.md", "finetune.md", "trackers.md", "sharded_zero1.md",
             "sharded_zero2.md", "image_shards.md", "data_sources.md", "world_size.md", "torch_wait.md",
             "gpu.md")
