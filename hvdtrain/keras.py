@@ -13,6 +13,10 @@ with the TensorFlow backend (guide: docs/guides/keras-fit.md; example: examples/
               callbacks=[hk.BroadcastGlobalVariablesCallback(0), hk.MetricAverageCallback(), checkpoints],
               verbose=1 if hvd.rank() == 0 else 0)
 
+``DistributedOptimizer`` runs the Trainer's gradient exchange, Horovod's allreduce by default and the
+others by the Trainer's config keys (``hk.DistributedOptimizer(opt, comm__compression="powersgd")``;
+PowerSGD, top-k, local SGD), checked by the same rulebook.
+
 Importing it imports TensorFlow, Keras and ``horovod.tensorflow`` (``import hvdtrain`` does not).
 """
 

@@ -164,15 +164,25 @@ def build(plan: ExchangePlan, config: Any, adapter: Any) -> Wiring:
 
 
 def _data_parallel(plan: ExchangePlan, adapter: Any, accumulation: int) -> Any:
-    """Horovod's allreduce (what ``DistributedGradientTape`` runs; after accumulation one fused
-    allreduce), or hvdtrain's PowerSGD, top-k or local SGD."""
+    """The adapter's data-parallel exchange (:func:`data_parallel`): without accumulation, an
+    overlapped allreduce reduces each gradient as soon as it exists, else one fused allreduce."""
+    groups = None if plan.overlap and accumulation == 1 else 1
+    return data_parallel(plan, adapter.trainable, adapter.model, adapter.optimizer, groups)
+
+
+def data_parallel(plan: ExchangePlan, variables: list[Any], model: Any, optimizer: Any, groups: int | None) -> Any:
+    """The exchange of a data-parallel ``plan`` (every kind but bitwise and ZeRO's) for the gradients
+    of ``variables``: Horovod's allreduce (what ``DistributedGradientTape`` runs; ``groups`` 1 fuses
+    all gradients into one grouped allreduce, None reduces each as soon as it exists), or hvdtrain's
+    PowerSGD, top-k or local SGD (``model``'s ``variables`` and ``optimizer``'s averaged every
+    ``comm.local_sgd_steps`` updates). The Trainer's adapter and :mod:`hvdtrain.keras`'s optimizer
+    both build theirs here."""
     if plan.comm is not None:
-        return build_exchange(plan.comm, adapter.trainable, adapter.model, adapter.optimizer)
+        return build_exchange(plan.comm, variables, model, optimizer)
     # Horovod 0.28.1's grouped_allreduce fails with Adasum ("'tensor' is used before assignment"),
     # so Adasum reduces tensor by tensor.
-    groups = None if plan.adasum or (plan.overlap and accumulation == 1) else 1
-    return Allreduce(adapter.trainable, hvd.Compression.fp16 if plan.fp16_wire else hvd.Compression.none,
-                     hvd.Adasum if plan.adasum else hvd.Average, groups)
+    return Allreduce(variables, hvd.Compression.fp16 if plan.fp16_wire else hvd.Compression.none,
+                     hvd.Adasum if plan.adasum else hvd.Average, None if plan.adasum else groups)
 
 
 def bitwise_step(exchange: Any, adapter: Any) -> Callable[..., Any]:

@@ -6,7 +6,10 @@ Checkpoints are hvdtrain's own (:class:`hvdtrain.core.checkpoint.CheckpointManag
 per epoch, ``epoch-NNNN/``, written by rank 0 atomically with a manifest of SHA-256 checksums,
 holding the model's and the optimizer's variables as the TensorFlow adapter writes them
 (:mod:`hvdtrain.tensorflow.checkpoint`: ``.npz``, no pickled object, read back checked). The
-optimizer's variables include its iteration count, so its learning-rate schedule resumes too.
+optimizer's variables include its iteration count, so its learning-rate schedule resumes too. A
+:func:`~hvdtrain.keras.DistributedOptimizer` whose exchange keeps per-worker state (PowerSGD's and
+top-k's error feedback, local SGD's replicas) adds every worker's copy as ``comm_state.npz``, the
+Trainer's file (:mod:`hvdtrain.core.compression_state`).
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain.core import compression_state
 from hvdtrain.core.checkpoint import CheckpointError, CheckpointManager
 from hvdtrain.tensorflow.adapter import offset_seed_states
 from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, load_variables, save_variables
 from hvdtrain.tensorflow.compression import tf_variables
+from hvdtrain.tensorflow.keras_exchange import Holder, exchange_of
 
 KIND = "keras-fit"  # a manifest's "kind": written by hvdtrain.keras.Checkpoints
 
@@ -124,7 +129,7 @@ class Checkpoints(keras.callbacks.Callback):
         optimizer = _optimizer_built(model)  # the same variables the checkpoint was written from
         if optimizer is None:
             raise ValueError("Checkpoints.restore: the model has no optimizer; call model.compile(optimizer=...) first")
-        found, problem = None, None
+        found, problem, path, world_size = None, None, None, hvd.size()
         if hvd.rank() == 0:
             self.manager.remove_temporaries()  # what a killed writer left
             problems: list[str] = []
@@ -139,13 +144,18 @@ class Checkpoints(keras.callbacks.Callback):
                     try:
                         load_variables(latest.path / MODEL_FILE, model.variables)
                         load_variables(latest.path / OPTIMIZER_FILE, optimizer.variables)
-                        found = latest.epoch
+                        found, path = latest.epoch, str(latest.path)
+                        world_size = int(latest.manifest.get("world_size", world_size))
                     except ValueError as exc:
                         problem = str(exc)
-        found, problem = hvd.broadcast_object((found, problem), root_rank=0, name="hvdtrain.keras.restore")
+        found, problem, path, world_size = hvd.broadcast_object((found, problem, path, world_size), root_rank=0,
+                                                                name="hvdtrain.keras.restore")
         if problem is not None:
             raise CheckpointError(problem)
         broadcast_variables(model)
+        # each worker's own exchange state (error feedback, local SGD's replica); afresh from another world size
+        compression_state.restore(Holder(exchange_of(optimizer), "restore"),
+                                  {"checkpoint": path, "manifest": {"world_size": world_size}}, hvd.rank(), hvd.size())
         self.restored = True
         return int(found or 0)
 
@@ -157,16 +167,21 @@ class Checkpoints(keras.callbacks.Callback):
             self.restore(self.model, resume=False)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        """Rank 0 writes ``epoch-<epoch + 1>`` (epochs completed), with ``logs`` as its metrics."""
+        """Rank 0 writes ``epoch-<epoch + 1>`` (epochs completed), with ``logs`` as its metrics (every
+        rank sends its exchange state, if it keeps one)."""
         done = epoch + 1
-        if hvd.rank() != 0 or (done % self.every and done != self.epochs):
+        if done % self.every and done != self.epochs:
             return
         optimizer = self.model.optimizer
+        states = compression_state.gather(Holder(exchange_of(optimizer), f"save.{done}"))  # distributed
+        if hvd.rank() != 0:
+            return
         metrics = {k: float(v) for k, v in (logs or {}).items() if _is_number(v) and math.isfinite(float(v))}
 
         def write(folder: Path) -> None:
             save_variables(folder / MODEL_FILE, self.model.variables)
             save_variables(folder / OPTIMIZER_FILE, optimizer.variables)
+            compression_state.write(folder, states)
 
         self.manager.save(f"epoch-{done:04d}", write, {
             "kind": KIND, "framework": "tensorflow", "epoch": done, "step": int(optimizer.iterations.numpy()),

@@ -42,6 +42,7 @@ def test_keras_fit_learns_keeps_ranks_equal_and_resumes_bitwise(tmp_path):
     assert history["loss"][-1] < 0.7 * history["loss"][0], history["loss"]
     assert history["val_accuracy"][-1] > 0.6, history["val_accuracy"]  # 10 classes: chance is 0.1
     assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == ["epoch-0001"]
+    check_powersgd_exchange(tmp_path)
 
     resumed = horovodrun(["python", EXAMPLE, *ARGS, "--checkpoints", tmp_path / "killed", "--resume"], timeout=300)
     assert "Epoch 2/3" in resumed.stdout and "Epoch 1/3" not in resumed.stdout, resumed.stdout[-3000:]
@@ -54,3 +55,17 @@ def test_keras_fit_learns_keeps_ranks_equal_and_resumes_bitwise(tmp_path):
                 np.testing.assert_array_equal(got[key], want[key], err_msg=f"{name} {key}")
     manifest = json.loads((tmp_path / "killed" / "epoch-0003" / "manifest.json").read_text())
     assert manifest["step"] == 3 * STEPS and manifest["world_size"] == 2
+
+
+def check_powersgd_exchange(out):
+    """The worker's powersgd_exchange (in the first job): model.fit through
+    ``DistributedOptimizer(comm__compression="powersgd")`` learns, ends with the same weights on both
+    ranks (different data and initial weights per rank), ran hvdtrain's PowerSGD (its counter: 6
+    updates), gives the weights of a hand-written GradientTape loop calling that exchange (up to float
+    rounding of Keras's loss), and not those of plain allreduce."""
+    ranks = [json.loads((out / f"powersgd-rank-{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+    for rank in ranks:
+        assert rank["exchange"] == "PowerSGD" and rank["steps"] == 6, rank
+        assert rank["losses"][-1] < 0.7 * rank["losses"][0], rank["losses"]
+        assert rank["by_hand"] < 1e-5 and rank["plain"] > 1e-3, rank

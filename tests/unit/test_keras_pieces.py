@@ -128,3 +128,83 @@ def test_metric_average_leaves_a_single_worker_alone():
     logs = {"loss": 0.5, "val_accuracy": 0.25}
     hk.MetricAverageCallback().on_epoch_end(0, logs)
     assert logs == {"loss": 0.5, "val_accuracy": 0.25}
+
+
+def test_distributed_optimizer_takes_the_exchange_keys_and_refuses_like_the_cli():
+    """The config keys of the exchange, checked like prepare()'s: Trainer-only keys by name, a key
+    contradicting Horovod's compression=/op= naming both, the rulebook's lines; a refused optimizer
+    stays the user's plain object."""
+    from hvdtrain.core.config import ConfigError
+
+    sgd = keras.optimizers.SGD(0.1)
+    refused = [
+        (dict(parallel__shard_optimizer="gradients"), r"^parallel\.shard_optimizer='gradients' is Trainer-only \("),
+        (dict(train__reproducible="world-size"), r"^train\.reproducible='world-size' is Trainer-only"),
+        (dict(parallel__pipeline_stages=2), r"^parallel\.pipeline_stages=2 is Trainer-only"),
+        (dict(optim__grad_clip_norm=1.0), r"^optim\.grad_clip_norm=1\.0 is not a DistributedOptimizer setting "
+                                          r"\(pass clipnorm or global_clipnorm"),
+        (dict(compression=hvd.Compression.fp16, comm__compression="powersgd"),
+         r"^compression=hvd\.Compression\.fp16 contradicts comm\.compression='powersgd'; set one of them$"),
+        (dict(compression=hvd.Compression.none, train__fp16_allreduce=True),
+         r"^compression=hvd\.Compression\.none contradicts train\.fp16_allreduce=True; set one of them$"),
+        (dict(op=hvd.Adasum, comm__reduction="average"), r"^op=hvd\.Adasum contradicts comm\.reduction='average'"),
+        (dict(op=hvd.Sum), r"op=.* is not one of hvd\.Average or hvd\.Adasum"),
+        (dict(op=hvd.Adasum, comm__compression="topk"),  # the rulebook's own line, both keys named
+         r"comm\.compression=topk cannot be combined with comm\.reduction=adasum"),
+        (dict(comm__local_sgd_steps=4, comm__compression="powersgd"),
+         r"comm\.local_sgd_steps=4 .* cannot be combined with comm\.compression=powersgd"),
+        (dict(comm__compression="zip"), r"comm\.compression"),
+    ]
+    for kwargs, message in refused:
+        with pytest.raises(ConfigError, match=message):
+            hk.DistributedOptimizer(sgd, **kwargs)
+        assert type(sgd) is keras.optimizers.SGD  # untouched
+    with pytest.raises(ConfigError, match=r"^gradient_accumulation_steps=2 .* cannot be combined with "
+                                          r"comm\.compression='powersgd'"):
+        hk.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=2), comm__compression="powersgd")
+    with pytest.raises(ConfigError, match=r"^LossScaleOptimizer \(the Trainer's train.mixed_precision=fp16\): "
+                                          r"comm\.compression=topk keeps error-feedback buffers"):
+        hk.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), comm__compression="topk")
+    # agreeing spellings are one setting
+    hk.DistributedOptimizer(keras.optimizers.SGD(), compression=hvd.Compression.fp16, comm__compression="fp16")
+    hk.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Average, comm__compression="topk")
+
+
+def _fit_powersgd(directory, epochs, resume=False, **keys):
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5), keras.layers.Dense(2)])
+    optimizer = hk.DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.5), **keys)
+    model.compile(optimizer=optimizer, loss="mse")
+    checkpoints = hk.Checkpoints(directory)
+    start = checkpoints.restore(model, resume=resume)
+    x = np.random.default_rng(0).normal(size=(32, 6)).astype(np.float32)
+    y = np.stack([x[:, 0] - x[:, 1], x[:, 2]], 1)
+    history = model.fit(x, y, batch_size=8, epochs=epochs, initial_epoch=start, shuffle=False, verbose=0,
+                        callbacks=[checkpoints])
+    return model, optimizer, history
+
+
+def test_powersgd_runs_in_the_optimizer_and_its_state_resumes_exactly(tmp_path):
+    """comm__compression='powersgd' in model.fit: the exchange is hvdtrain's PowerSGD (its counter
+    counts the updates; tests/distributed/test_keras_fit.py compares it with plain allreduce and a
+    hand-written loop), Checkpoints keep its error feedback and Q (comm_state.npz), and a run
+    resumed from epoch 2 ends with the uninterrupted run's weights bit for bit."""
+    from hvdtrain.tensorflow.compression import PowerSGD
+    from hvdtrain.tensorflow.keras_exchange import exchange_of
+
+    keys = dict(comm__compression="powersgd", comm__powersgd_rank=1, comm__powersgd_min_size=0)
+    model, optimizer, history = _fit_powersgd(tmp_path / "whole", 4, **keys)
+    exchange = exchange_of(optimizer)
+    assert isinstance(exchange, PowerSGD) and int(exchange.steps.numpy()) == 4 * 4
+    assert history.history["loss"][-1] < 0.5 * history.history["loss"][0], history.history["loss"]
+    with np.load(tmp_path / "whole" / "epoch-0002" / "comm_state.npz", allow_pickle=False) as saved:
+        assert {"0/steps", "0/q/0", "0/error/0", "0/q/2", "0/error/2"} <= set(saved.files)
+        assert int(saved["0/steps"]) == 8
+
+    import shutil
+
+    shutil.copytree(tmp_path / "whole" / "epoch-0002", tmp_path / "stopped" / "epoch-0002")  # stopped after epoch 2
+    resumed, again, _ = _fit_powersgd(tmp_path / "stopped", 4, resume=True, **keys)
+    assert int(exchange_of(again).steps.numpy()) == 16
+    for a, b in zip(model.variables + optimizer.variables, resumed.variables + again.variables):
+        np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))

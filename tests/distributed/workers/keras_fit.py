@@ -73,6 +73,57 @@ def tape_loop():
     return digest(model.variables)
 
 
+def powersgd_exchange():
+    """model.fit through DistributedOptimizer(comm__compression="powersgd") on data that differs per rank,
+    beside a hand-written tf.GradientTape loop calling hvdtrain's PowerSGD exchange itself (the same
+    initial weights and batches) and the same fit through plain allreduce."""
+    from hvdtrain.core.compression import comm_plan
+    from hvdtrain.core.config import load_config
+    from hvdtrain.tensorflow.compression import PowerSGD
+    from hvdtrain.tensorflow.keras_exchange import exchange_of
+
+    keys = dict(comm__compression="powersgd", comm__powersgd_rank=1, comm__powersgd_min_size=0)
+    x = np.random.default_rng(10 + hvd.rank()).normal(size=(32, 6)).astype(np.float32)
+    y = np.stack([x[:, 0] - x[:, 1], x[:, 2]], 1)
+
+    def model():
+        keras.utils.set_random_seed(3 + hvd.rank())  # different initial weights: the broadcast must fix them
+        return keras.Sequential([keras.Input((6,)), keras.layers.Dense(5), keras.layers.Dense(2)])
+
+    def fit(**config):
+        net = model()
+        optimizer = hk.DistributedOptimizer(keras.optimizers.SGD(0.05), **config)
+        net.compile(optimizer=optimizer, loss="mse")
+        history = net.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
+                          callbacks=[hk.BroadcastGlobalVariablesCallback(0)])
+        return net, optimizer, history.history["loss"]
+
+    compressed, optimizer, losses = fit(**keys)
+    plain, _, _ = fit()
+    by_hand, sgd = model(), keras.optimizers.SGD(0.05)
+    hk.broadcast_variables(by_hand, 0, sgd)
+    exchange = PowerSGD(comm_plan(load_config(None, framework="tensorflow", **keys)),
+                        [tuple(v.shape) for v in by_hand.trainable_variables])
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(by_hand(xb) - yb))
+        sgd.apply(exchange.reduce(tape.gradient(loss, by_hand.trainable_variables)), by_hand.trainable_variables)
+
+    for _ in range(3):
+        for b in range(2):
+            step(x[16 * b:16 * (b + 1)], y[16 * b:16 * (b + 1)])
+
+    def gap(other):
+        return max(float(np.max(np.abs(a.numpy() - b.numpy())))
+                   for a, b in zip(compressed.trainable_variables, other.trainable_variables))
+
+    return {"weights": digest(compressed.variables), "exchange": type(exchange_of(optimizer)).__name__,
+            "steps": int(exchange_of(optimizer).steps.numpy()), "losses": losses, "by_hand": gap(by_hand),
+            "plain": gap(plain)}
+
+
 def main(out, *args):
     out = Path(out)
     fit = example()
@@ -81,6 +132,7 @@ def main(out, *args):
     (out / f"rank-{hvd.rank()}.json").write_text(json.dumps({
         "history": history.history, "model": final.model_digest, "optimizer": final.optimizer_digest,
         "iterations": final.iterations, "tape": tape_loop()}))
+    (out / f"powersgd-rank-{hvd.rank()}.json").write_text(json.dumps(powersgd_exchange()))
     fit.main([*args, "--checkpoints", str(out / "killed")], callbacks=(Kill(),))
     raise SystemExit("not killed")
 
