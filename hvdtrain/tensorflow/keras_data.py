@@ -1,24 +1,29 @@
 """Data for ``model.fit`` on Horovod (public as :mod:`hvdtrain.keras`): each worker's share of a
 ``tf.data.Dataset`` or of NumPy arrays, and batches whose order depends only on the seed and the
-epoch, so that a resumed ``fit`` sees the batches the uninterrupted one would have seen.
+epoch, so that a resumed ``fit`` sees the batches the uninterrupted one would have seen; with a
+fixed global batch (``batches(..., global_batch_size=G)``) the same batches at any number of
+workers, so that it may also resume on another one.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain.core.batching import dividing_world_sizes
+
 EPOCHS_AHEAD = 1 << 31  # batches() is endless in practice: fit's epochs and steps_per_epoch end it
 
 
-def _world(rank: int | None, size: int | None) -> tuple[int, int]:
+def _world(rank: int | None, size: int | None, caller: str = "shard") -> tuple[int, int]:
     rank = hvd.rank() if rank is None else int(rank)
     size = hvd.size() if size is None else int(size)
     if size < 1 or not 0 <= rank < size:
-        raise ValueError(f"shard: rank={rank!r}, size={size!r}: need 0 <= rank < size")
+        raise ValueError(f"{caller}: rank={rank!r}, size={size!r}: need 0 <= rank < size")
     return rank, size
 
 
@@ -50,33 +55,91 @@ def shard(data: Any, rank: int | None = None, size: int | None = None) -> Any:
     return type(data)(a[rank::size] for a in data)
 
 
-def batches(x: Any, y: Any = None, batch_size: int = 32, *, seed: int = 0, initial_epoch: int = 0,
-            shuffle: bool = True) -> tuple[tf.data.Dataset, int]:
+def batches(x: Any, y: Any = None, batch_size: int | None = None, *, global_batch_size: int | None = None,
+            seed: int = 0, initial_epoch: int = 0, shuffle: bool = True, rank: int | None = None,
+            size: int | None = None) -> tuple[tf.data.Dataset, int]:
     """``(dataset, steps_per_epoch)`` for ``model.fit(dataset, steps_per_epoch=..., epochs=...,
-    initial_epoch=...)``: batches of ``batch_size`` rows of ``x`` (and ``y``; arrays or dicts of
-    arrays already :func:`shard`-ed), epoch after epoch from ``initial_epoch``. Epoch ``e``'s order
-    is a permutation drawn from ``(seed, e)`` alone (``tf.random.experimental.stateless_shuffle``;
-    ``shuffle=False``: the rows in order), so a run resumed at epoch ``e`` gets the batches the
-    uninterrupted run got; the rows after the last whole batch are left out of that epoch. Every
-    worker calls it (one allreduce: all take the steps of the worker with the fewest rows)."""
+    initial_epoch=...)``: this worker's batches of ``x`` (and ``y``; arrays or dicts of arrays),
+    epoch after epoch from ``initial_epoch``. Epoch ``e``'s order is a permutation drawn from
+    ``(seed, e)`` alone (``tf.random.experimental.stateless_shuffle``; ``shuffle=False``: the rows
+    in order), so a run resumed at epoch ``e`` gets the batches the uninterrupted run got; the rows
+    after the last whole batch are left out of that epoch. Every worker calls it. Give one of:
+
+    * ``global_batch_size=G`` (the Trainer's ``train.global_batch_size``): ``x``/``y`` are the
+      WHOLE arrays, the same on every worker (not :func:`shard`-ed). Global batch ``b`` of epoch
+      ``e`` is the rows ``order[b*G:(b+1)*G]`` of the epoch's permutation of all rows; worker
+      ``rank`` takes its contiguous ``G / size`` of them (``rank``/``size``: Horovod's by default),
+      and ``steps_per_epoch = rows // G`` on every worker. The mean of the workers' mean gradients
+      (what :class:`~hvdtrain.keras.DistributedOptimizer` applies) is then the global batch's mean
+      gradient at any world size that divides ``G`` (others are refused, naming those that can):
+      a checkpoint taken on N workers resumes on M workers with the same updates (up to float
+      summation order), and the learning rate needs no rescaling. With more than one worker, one
+      allgather at the start checks that every worker gave the same rows.
+    * ``batch_size=B`` (per worker; 32 if neither is given): ``x``/``y`` are this worker's
+      :func:`shard`; the global batch is ``B`` x workers and each worker's batches depend on the
+      world size. One allreduce: all take the steps of the worker with the fewest rows.
+    """
     data = (x,) if y is None else (x, y)
     tensors = tf.nest.map_structure(tf.convert_to_tensor, data)
     rows = int(tf.nest.flatten(tensors)[0].shape[0])
-    batch_size = int(batch_size)
-    steps = rows // batch_size if batch_size >= 1 else 0
-    if steps < 1:
-        raise ValueError(f"batches: batch_size={batch_size!r} needs 1 <= batch_size <= the {rows} rows given")
-    if hvd.size() > 1:  # every worker takes as many steps as the one with the fewest rows (else one waits forever)
-        steps = int(hvd.allreduce(tf.constant(steps, tf.int64), op=hvd.Min, name="hvdtrain.keras.batches").numpy())
+    if global_batch_size is not None:
+        if batch_size is not None:
+            raise ValueError(f"batches: batch_size={batch_size!r} (per worker) and global_batch_size="
+                             f"{global_batch_size!r} (all workers together) exclude each other; give one of them")
+        rank, size = _world(rank, size, "batches")
+        g = int(global_batch_size)
+        _check_global(g, rows, size)
+        if hvd.is_initialized() and hvd.size() > 1:  # every worker calls batches(): all take part
+            _check_same_rows(data, rows, g)
+        take = slice(rank * (g // size), (rank + 1) * (g // size))  # this worker's contiguous part of each batch
+        steps = rows // g
+    else:
+        if rank is not None or size is not None:
+            raise ValueError(f"batches: rank={rank!r}, size={size!r} go with global_batch_size only (batch_size "
+                             f"batches the rows this worker was given: its shard(...))")
+        g, take = int(32 if batch_size is None else batch_size), slice(None)
+        steps = rows // g if g >= 1 else 0
+        if steps < 1:
+            raise ValueError(f"batches: batch_size={g!r} needs 1 <= batch_size <= the {rows} rows given")
+        if hvd.size() > 1:  # every worker takes as many steps as the one with the fewest rows (else one waits forever)
+            steps = int(hvd.allreduce(tf.constant(steps, tf.int64), op=hvd.Min, name="hvdtrain.keras.batches").numpy())
 
     def epoch_order(epoch: Any) -> tf.data.Dataset:
         order = tf.range(rows, dtype=tf.int64)
         if shuffle:
             order = tf.random.experimental.stateless_shuffle(order, seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
-        return tf.data.Dataset.from_tensor_slices(tf.reshape(order[:steps * batch_size], (steps, batch_size)))
+        return tf.data.Dataset.from_tensor_slices(tf.reshape(order[:steps * g], (steps, g))[:, take])
 
     def gather(rows_of_batch: Any) -> Any:
         return tf.nest.map_structure(lambda t: tf.gather(t, rows_of_batch), tensors)
 
     dataset = tf.data.Dataset.range(int(initial_epoch), EPOCHS_AHEAD).flat_map(epoch_order)
     return dataset.map(gather).prefetch(2), steps
+
+
+def _check_global(global_batch_size: int, rows: int, size: int) -> None:
+    """Refuse, in one line, a global batch that ``size`` workers cannot share equally (the
+    Trainer's rule, :func:`hvdtrain.core.batching.dividing_world_sizes`) or that ``rows`` cannot fill."""
+    g = global_batch_size
+    if not 1 <= g <= rows:
+        raise ValueError(f"batches: global_batch_size={g!r} needs 1 <= global_batch_size <= the {rows} rows given")
+    if g % size:
+        sizes = ", ".join(map(str, dividing_world_sizes(g)))
+        raise ValueError(f"batches: global_batch_size={g} cannot be shared equally by {size} workers; launch "
+                         f"{sizes} workers (the world sizes that divide {g}), or change global_batch_size")
+
+
+def _check_same_rows(data: Any, rows: int, global_batch_size: int) -> None:
+    """With a global batch every worker must hold the whole arrays: compare the row count and a
+    digest of the first and last rows across the workers (one allgather), the same error on all."""
+    digest = hashlib.sha256()
+    for leaf in tf.nest.flatten(data):
+        for row in (leaf[:1], leaf[-1:]):
+            digest.update(np.ascontiguousarray(np.asarray(row)).tobytes())
+    mine = [rows, int.from_bytes(digest.digest()[:7], "little")]
+    everyone = hvd.allgather(tf.constant([mine], tf.int64), name="hvdtrain.keras.batches.rows").numpy().tolist()
+    if any(other != everyone[0] for other in everyone):
+        counts = ", ".join(f"worker {r}: {n} rows" for r, (n, _) in enumerate(everyone))
+        raise ValueError(f"batches: global_batch_size={global_batch_size} takes the whole arrays, the same on "
+                         f"every worker, but the workers gave different rows ({counts}); pass the arrays before "
+                         f"shard(...), or use batch_size= (per worker) for sharded data")

@@ -1,5 +1,6 @@
 """hvdtrain.keras's pieces that need no job (one process, Horovod on Gloo, size 1): ``shard`` keeps
-``Dataset.shard``'s elements, ``batches`` orders an epoch by (seed, epoch) alone, ``WarmUp``'s values
+``Dataset.shard``'s elements, ``batches`` orders an epoch by (seed, epoch) alone and with
+``global_batch_size`` gives the workers the parts of the same global batches at any world size, ``WarmUp``'s values
 and config, ``DistributedOptimizer`` keeps the user's object and class name and refuses what it cannot
 run, and ``Checkpoints`` writes an epoch folder, restores it exactly, and refuses to overwrite (also in a
 ``fit`` without ``restore``) or to load another model's. The 2-rank run is tests/distributed/test_keras_fit.py."""
@@ -128,6 +129,43 @@ def test_metric_average_leaves_a_single_worker_alone():
     logs = {"loss": 0.5, "val_accuracy": 0.25}
     hk.MetricAverageCallback().on_epoch_end(0, logs)
     assert logs == {"loss": 0.5, "val_accuracy": 0.25}
+
+
+def test_a_global_batch_is_the_same_rows_at_any_world_size():
+    x, y = np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20)
+
+    def global_batches(size, initial_epoch=0):  # the workers' parts of each global batch, joined in rank order
+        parts = []
+        for rank in range(size):
+            data, steps = hk.batches(x, y, global_batch_size=8, seed=3, initial_epoch=initial_epoch, rank=rank,
+                                     size=size)
+            assert steps == 2  # 20 // 8 on every worker at every world size; the last 4 rows wait for another epoch
+            parts.append([b[1].tolist() for b in data.take((3 - initial_epoch) * steps).as_numpy_iterator()])
+            assert all(len(batch) == 8 // size for batch in parts[-1])
+        return [sum((part[i] for part in parts), []) for i in range(len(parts[0]))]
+
+    one = global_batches(1)
+    assert global_batches(2) == one and global_batches(4) == one
+    assert global_batches(2, initial_epoch=1) == one[2:]  # resumed at epoch 1 on another world size
+    assert len(set(one[0] + one[1])) == 16 and one[:2] != one[2:4]  # each epoch its own permutation
+    alone, _ = hk.batches(x, y, batch_size=8, seed=3)  # one worker: the per-worker form's batches
+    assert [b[1].tolist() for b in alone.take(6).as_numpy_iterator()] == one
+
+    per_worker = [[b[1].tolist() for b in hk.batches(*hk.shard((x, y), rank=r, size=2), batch_size=4, seed=3)[0]
+                   .take(2).as_numpy_iterator()] for r in range(2)]
+    assert [sorted(a + b) for a, b in zip(*per_worker)] != [sorted(batch) for batch in one[:2]]  # shard: other rows
+
+    with pytest.raises(ValueError, match=r"^batches: global_batch_size=6 cannot be shared equally by 4 workers; "
+                                         r"launch 1, 2, 3, 6 workers \(the world sizes that divide 6\), or change "
+                                         r"global_batch_size$"):
+        hk.batches(x, y, global_batch_size=6, rank=0, size=4)
+    with pytest.raises(ValueError, match=r"^batches: batch_size=4 \(per worker\) and global_batch_size=8 \(all "
+                                         r"workers together\) exclude each other; give one of them$"):
+        hk.batches(x, y, 4, global_batch_size=8)
+    with pytest.raises(ValueError, match="global_batch_size=21 needs 1 <= global_batch_size <= the 20 rows"):
+        hk.batches(x, y, global_batch_size=21)
+    with pytest.raises(ValueError, match="rank=0, size=2 go with global_batch_size only"):
+        hk.batches(x, y, batch_size=4, rank=0, size=2)
 
 
 def test_distributed_optimizer_takes_the_exchange_keys_and_refuses_like_the_cli():
