@@ -3,10 +3,15 @@ warmed-up cosine schedule, the ranks' gradients averaged, rank-0 checkpoints and
 
     horovodrun -np 2 -H localhost:2 python examples/keras_fit.py
     horovodrun -np 2 -H localhost:2 python examples/keras_fit.py --resume     # after a stop: goes on
+    horovodrun -np 1 -H localhost:1 python examples/keras_fit.py --resume     # or that, on 1 worker
 
-A run stopped at any point and resumed ends with the weights the uninterrupted run ends with, bit for
-bit (the last epoch checkpoint's model and optimizer variables and epoch count are restored, and each
-epoch's batches depend on the seed and the epoch only). The guide: docs/guides/keras-fit.md.
+A run stopped at any point and resumed on as many workers ends with the weights the uninterrupted
+run ends with, bit for bit (the last epoch checkpoint's model and optimizer variables and epoch
+count are restored, and each epoch's batches depend on the seed and the epoch only). Each update
+takes a global batch of --global-batch-size images (128 by default) at any number of workers, so a
+run may also resume on another one (any that divides the global batch; the same weights up to
+float rounding). With --batch-size instead, each worker takes batches of its own share and the
+global batch grows with the workers. The guide: docs/guides/keras-fit.md.
 """
 
 from __future__ import annotations
@@ -22,11 +27,22 @@ import hvdtrain
 import hvdtrain.keras as hk
 
 
+def positive(text: str) -> int:
+    """A batch size: a whole number of 1 or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=64, help="per worker")
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch-size", type=positive, default=None,
+                       help="images per update, all workers together (default 128 when --batch-size is not given)")
+    batch.add_argument("--batch-size", type=positive, default=None,
+                       help="images per worker per update instead (the global batch: this x the workers)")
     parser.add_argument("--lr", type=float, default=2e-3, help="the peak learning rate (all workers together)")
     parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--limit", type=int, default=12000, help="training images used (of 60,000)")
@@ -52,7 +68,12 @@ def main(argv: list[str] | None = None, callbacks: tuple = ()) -> keras.callback
     x, x_val = (x / 255.0).astype(np.float32), (x_val / 255.0).astype(np.float32)
 
     model = build_model(args.seed)
-    steps = (args.limit // hvd.size()) // args.batch_size
+    if args.batch_size is None:  # the same global batches at any world size: each worker takes its part of each
+        sizes = {"global_batch_size": 128 if args.global_batch_size is None else args.global_batch_size}
+        steps = len(x) // sizes["global_batch_size"]
+    else:
+        sizes = {"batch_size": args.batch_size}
+        steps = (len(x) // hvd.size()) // args.batch_size
     schedule = hk.WarmUp(keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=args.epochs * steps),
                          warmup_steps=args.warmup_steps)
     optimizer = hk.DistributedOptimizer(keras.optimizers.AdamW(learning_rate=schedule, weight_decay=1e-4))
@@ -61,8 +82,12 @@ def main(argv: list[str] | None = None, callbacks: tuple = ()) -> keras.callback
 
     checkpoints = hk.Checkpoints(args.checkpoints)
     initial_epoch = checkpoints.restore(model, resume=args.resume)  # 0, or the epochs the checkpoint had done
-    data, steps = hk.batches(*hk.shard((x, y)), batch_size=args.batch_size, seed=args.seed,
-                             initial_epoch=initial_epoch)
+    train = (x, y) if args.batch_size is None else hk.shard((x, y))  # all rows, or this worker's share
+    try:
+        data, steps = hk.batches(*train, **sizes, seed=args.seed, initial_epoch=initial_epoch)
+    except ValueError as exc:  # a batch this data or this number of workers cannot take: one line
+        print(f"keras_fit.py: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     history = model.fit(
         data, steps_per_epoch=steps, epochs=args.epochs, initial_epoch=initial_epoch, shuffle=False,
         validation_data=hk.shard((x_val, y_val)),

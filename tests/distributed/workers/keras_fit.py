@@ -1,7 +1,9 @@
 """Worker of tests/distributed/test_keras_fit.py (under horovodrun -np 2): examples/keras_fit.py run
 uninterrupted into OUT/reference (each rank writes what it ends with: OUT/rank-R.json, with the weights of a
-custom GradientTape loop through DistributedOptimizer), then again into
-OUT/killed, where every rank kills itself (SIGKILL) once the checkpoint of epoch KILL_AFTER is on disk."""
+custom GradientTape loop through DistributedOptimizer, and the rows of each batch it trained on), then
+again into OUT/killed, where every rank kills itself (SIGKILL) once the checkpoint of epoch KILL_AFTER is on
+disk. With --resume in the arguments (any number of workers): the example resumed from --checkpoints,
+each rank writing the rows of each batch it trained on to OUT/resumed-SIZE-rank-R.json."""
 
 import hashlib
 import importlib.util
@@ -9,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import types
 from pathlib import Path
 
 import horovod.tensorflow as hvd
@@ -50,6 +53,34 @@ class Final(keras.callbacks.Callback):
         self.model_digest = digest(self.model.variables)
         self.optimizer_digest = digest(self.model.optimizer.variables)
         self.iterations = int(self.model.optimizer.iterations.numpy())
+
+
+def record_batches(fit, args):
+    """Make the example's ``hk.batches`` also note, for each epoch it will train, the row numbers (in
+    the arrays the example loaded) of each batch this worker gets: ``{epoch: [[rows], ...]}``."""
+    epochs, seen = int(args[args.index("--epochs") + 1]), {}
+    real = hk.batches
+
+    def batches(x, y=None, *more, **kwargs):
+        data, steps = real(x, y, *more, **kwargs)
+        start = kwargs.get("initial_epoch", 0)
+        number = {row.tobytes(): i for i, row in enumerate(np.asarray(x))}
+        taken = [[number[row.tobytes()] for row in batch[0].numpy()]
+                 for batch in data.take((epochs - start) * steps)]
+        seen.update({e: taken[(e - start) * steps:(e - start + 1) * steps] for e in range(start, epochs)})
+        return data, steps
+
+    fit.hk = types.SimpleNamespace(**{**{name: getattr(hk, name) for name in hk.__all__}, "batches": batches})
+    return seen
+
+
+def sharded_refusal():
+    """The line batches(global_batch_size=...) refuses sharded arrays with (every worker must give all rows)."""
+    try:
+        hk.batches(hk.shard(np.arange(10, dtype=np.float32).reshape(10, 1)), global_batch_size=4)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def tape_loop():
@@ -119,11 +150,17 @@ def powersgd_exchange():
 def main(out, *args):
     out = Path(out)
     fit = example()
+    batches = record_batches(fit, args)
+    if "--resume" in args:
+        fit.main(list(args))
+        (out / f"resumed-{hvd.size()}-rank-{hvd.rank()}.json").write_text(json.dumps({"batches": batches}))
+        return
     final = Final()
     history = fit.main([*args, "--checkpoints", str(out / "reference")], callbacks=(final,))
     (out / f"rank-{hvd.rank()}.json").write_text(json.dumps({
         "history": history.history, "model": final.model_digest, "optimizer": final.optimizer_digest,
-        "iterations": final.iterations, "tape": tape_loop()}))
+        "iterations": final.iterations, "tape": tape_loop(), "batches": batches,
+        "sharded": sharded_refusal()}))
     (out / f"powersgd-rank-{hvd.rank()}.json").write_text(json.dumps(powersgd_exchange()))
     fit.main([*args, "--checkpoints", str(out / "killed")], callbacks=(Kill(),))
     raise SystemExit("not killed")
