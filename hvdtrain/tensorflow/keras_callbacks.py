@@ -15,6 +15,7 @@ Trainer's file (:mod:`hvdtrain.core.compression_state`).
 from __future__ import annotations
 
 import math
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from hvdtrain.tensorflow.compression import tf_variables
 from hvdtrain.tensorflow.keras_exchange import Holder, exchange_of
 
 KIND = "keras-fit"  # a manifest's "kind": written by hvdtrain.keras.Checkpoints
+# the models whose variables Checkpoints.restore broadcast, then gave each worker its own exchange state
+_RESTORED: "weakref.WeakSet[keras.Model]" = weakref.WeakSet()
 
 
 def _optimizer_built(model: keras.Model, optimizer: Any = None) -> keras.optimizers.Optimizer | None:
@@ -66,10 +69,12 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.done = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        """Broadcast once (a second ``fit`` with this callback does not broadcast again)."""
-        if not self.done:
+        """Broadcast once (a second ``fit`` with this callback does not broadcast again, nor one after
+        :meth:`Checkpoints.restore`, which broadcast the variables and then gave each worker its own
+        exchange state: local SGD's replica)."""
+        if not self.done and self.model not in _RESTORED:
             broadcast_variables(self.model, self.root_rank)
-            self.done = True
+        self.done = True
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -156,6 +161,7 @@ class Checkpoints(keras.callbacks.Callback):
         # each worker's own exchange state (error feedback, local SGD's replica); afresh from another world size
         compression_state.restore(Holder(exchange_of(optimizer), "restore"),
                                   {"checkpoint": path, "manifest": {"world_size": world_size}}, hvd.rank(), hvd.size())
+        _RESTORED.add(model)
         self.restored = True
         return int(found or 0)
 

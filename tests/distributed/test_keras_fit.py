@@ -94,10 +94,17 @@ def check_powersgd_exchange(out):
     ``DistributedOptimizer(comm__compression="powersgd")`` learns, ends with the same weights on both
     ranks (different data and initial weights per rank), ran hvdtrain's PowerSGD (its counter: 6
     updates), and gives the weights of a hand-written GradientTape loop calling that exchange (up to
-    float rounding of Keras's loss; plain allreduce's are about 0.05 away)."""
+    float rounding of Keras's loss; plain allreduce's are about 0.05 away); and the worker's
+    local_sgd_resume: a local-SGD fit resumed between averagings ends with each rank's weights of the
+    uninterrupted fit, bit for bit."""
     ranks = [json.loads((out / f"powersgd-rank-{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["weights"] == ranks[1]["weights"]
     for rank in ranks:
         assert rank["exchange"] == "PowerSGD" and rank["steps"] == 6, rank
         assert rank["losses"][-1] < 0.7 * rank["losses"][0], rank["losses"]
         assert rank["by_hand"] < 1e-5, rank
+    # local SGD (averaging every 3 updates) resumed from a checkpoint taken between averagings: each
+    # worker goes on from its own model (comm_state.npz), not rank 0's
+    assert ranks[0]["local_sgd"]["whole"] != ranks[1]["local_sgd"]["whole"]  # 8 updates: 2 since the last averaging
+    for rank in ranks:
+        assert rank["local_sgd"]["resumed"] == rank["local_sgd"]["whole"]

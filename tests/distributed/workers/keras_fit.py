@@ -147,6 +147,34 @@ def powersgd_exchange():
             "steps": int(exchange_of(optimizer).steps.numpy()), "losses": losses, "by_hand": gap}
 
 
+def local_sgd_resume(out):
+    """model.fit through DistributedOptimizer(comm__local_sgd_steps=3) on data that differs per rank, 2
+    epochs of 4 updates with hk.Checkpoints, then again from a copy of epoch 1's checkpoint (taken 1
+    update after an averaging, so the workers' models differ) with the initial broadcast callback too:
+    each rank's final weights, uninterrupted and resumed."""
+    import shutil
+
+    x = np.random.default_rng(20 + hvd.rank()).normal(size=(32, 6)).astype(np.float32)
+    y = x[:, :2] * 2
+
+    def fit(folder, resume):
+        keras.utils.set_random_seed(3)
+        net = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5), keras.layers.Dense(2)])
+        net.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.Adam(0.01), comm__local_sgd_steps=3),
+                    loss="mse")
+        checkpoints = hk.Checkpoints(folder)
+        start = checkpoints.restore(net, resume=resume)
+        net.fit(x, y, batch_size=8, epochs=2, initial_epoch=start, shuffle=False, verbose=0,
+                callbacks=[hk.BroadcastGlobalVariablesCallback(0), checkpoints])
+        return digest(net.variables)
+
+    whole = fit(out / "local-sgd", False)
+    if hvd.rank() == 0:
+        shutil.copytree(out / "local-sgd" / "epoch-0001", out / "local-sgd-resumed" / "epoch-0001")
+    hvd.broadcast_object(None, name="local-sgd-copied")
+    return {"whole": whole, "resumed": fit(out / "local-sgd-resumed", True)}
+
+
 def main(out, *args):
     out = Path(out)
     fit = example()
@@ -161,7 +189,8 @@ def main(out, *args):
         "history": history.history, "model": final.model_digest, "optimizer": final.optimizer_digest,
         "iterations": final.iterations, "tape": tape_loop(), "batches": batches,
         "sharded": sharded_refusal()}))
-    (out / f"powersgd-rank-{hvd.rank()}.json").write_text(json.dumps(powersgd_exchange()))
+    (out / f"powersgd-rank-{hvd.rank()}.json").write_text(json.dumps(
+        {**powersgd_exchange(), "local_sgd": local_sgd_resume(out)}))
     fit.main([*args, "--checkpoints", str(out / "killed")], callbacks=(Kill(),))
     raise SystemExit("not killed")
 
