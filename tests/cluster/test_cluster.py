@@ -2,7 +2,9 @@
 pair, a shared volume), launched from h1 over SSH.
 
 * ``horovodrun -np 4 -H h1:2,h2:2 -p 2222 --mpi`` (the `hvdtrain recipe` command line run by
-  workers/cli_ranks.py, which then compares every rank's parameters), both frameworks;
+  workers/cli_ranks.py, which then compares every rank's parameters), torch; TensorFlow on MPI
+  across hosts is tests/slurm's ``srun --mpi=pmix`` job (two hosts, bitwise equal to the Gloo job;
+  its own 4-rank job here repeated that and was folded on 2026-11-28);
 * ``hvdtrain.run(..., np=4, hosts="h1:2,h2:2", ssh_port=2222)`` from Python: Horovod's own launch
   (what ``horovodrun -H ... --gloo`` runs) of the `hvdtrain recipe` command over Gloo, TensorFlow;
   torch over Gloo across the hosts is the elastic case's (a torch `horovodrun --gloo -H` job of its
@@ -122,7 +124,7 @@ def test_each_host_has_its_own_host_keys_and_only_certified_hosts_are_trusted(cl
     assert cluster.exec("h1", "ssh", "-p", str(SSH_PORT), "h2", "hostname").stdout.strip() == "h2"
 
 
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+@pytest.mark.parametrize("framework", ["torch"])
 def test_horovodrun_mpi_across_hosts_parameters_identical(cluster, framework):
     name = f"mpi-{framework}"
     report = f"/shared/runs/{name}.ranks.json"
