@@ -28,6 +28,13 @@ ARGS = ["--batch-size", "16", "--set", "data.max_train_samples=2048", "--set", "
 
 SAMPLES, BATCH, EPOCHS, BASE_LR, WARMUP_EPOCHS = 2048, 16, 2, 0.05, 0.2  # the image recipe's SGD defaults
 
+# A host that rejoins starts new processes (torch or TensorFlow imported, Horovod initialised) while the
+# survivors wait for them in Gloo's rendezvous, 30 s by Horovod's default: on a loaded 2-core machine in
+# its slow state the starts took longer (2026-11-28: "timeout after 30 seconds for key(s): 2", then the
+# job hung until the test's timeout). The survivors wait 120 s here, so the witness does not depend on
+# the machine's load; the kills themselves are seen at once (closed connections), not by this timeout.
+REJOIN_ENV = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "120"}
+
 
 def per_epoch(world_size):
     return SAMPLES // (BATCH * world_size)
@@ -52,7 +59,8 @@ def test_worker_killed_then_host_rejoins(tmp_path, framework):
     proc = run([BIN / "horovodrun", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", discover,
                 "--network-interfaces", "lo", "--blacklist-cooldown-range", "5", "10",
                 hvdtrain_cli(), "recipe", "image-classification", "--framework", framework, "--output", out, *ARGS],
-               env={"HVDTRAIN_FAULT": "kill:rank=1:step=10,slow:rank=0:step=10:ms=100:size=1"}, timeout=420)
+               env={"HVDTRAIN_FAULT": "kill:rank=1:step=10,slow:rank=0:step=10:ms=100:size=1", **REJOIN_ENV},
+               timeout=420)
     # the last commit before the kill was at step 10: 10 steps x 16 samples x 2 workers
     assert "re-formed with 1 worker(s); continuing at epoch 1, after 320 samples" in proc.stdout
     assert "re-formed with 2 worker(s)" in proc.stdout
@@ -122,7 +130,7 @@ def elastic_world_size_run(tmp_path, name, extra):
                 "python", WORLD_SIZE_WORKER, report, tmp_path / name, *GLOBAL, "train.elastic=true",
                 "train.elastic_commit_every=1", *extra],
                env={"HVDTRAIN_FAULT": "kill:rank=2:step=3:size=4,kill:rank=3:step=3:size=4,"
-                                      "slow:rank=0:step=3:ms=3000:size=2"}, timeout=420)
+                                      "slow:rank=0:step=3:ms=3000:size=2", **REJOIN_ENV}, timeout=420)
     assert "re-formed with 2 worker(s); continuing at epoch 1, after 48 samples" in proc.stdout  # after update 3
     assert "on 2 worker(s): each accumulates 2 micro-batch(es) of 4 per update" in proc.stdout
     assert "re-formed with 4 worker(s)" in proc.stdout and "on 4 worker(s): each accumulates 1" in proc.stdout
