@@ -58,6 +58,12 @@ def _host_tensor(array: np.ndarray) -> Any:
         return tf.convert_to_tensor(array)
 
 
+def tensorflow_collectives(name: Any) -> Collectives:
+    """The object collectives over Horovod's TensorFlow ops (``name(prefix)``: each call's collective
+    name, the same sequence on every rank): the adapter's, and :mod:`hvdtrain.keras`'s checkpoints'."""
+    return Collectives(hvd, lambda values: tf.constant(values, dtype=tf.float64), name, _host_tensor)
+
+
 def _as_tensor(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: tf.convert_to_tensor(v) for k, v in value.items()}
@@ -100,8 +106,7 @@ class TensorFlowAdapter(FrameworkAdapter):
             {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[train_config.mixed_precision])
         self.gpu = bool(tf.config.list_logical_devices("GPU"))
         self._collective_id = 0  # eager collectives get a new name per call, the same sequence on every rank
-        self.collectives = Collectives(hvd, lambda values: tf.constant(values, dtype=tf.float64), self._name,
-                                       _host_tensor)
+        self.collectives = tensorflow_collectives(self._name)
         self.pipeline = GPipe.open(self, hvd, config)  # None without pipeline stages
         return self.context()
 

@@ -31,10 +31,10 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from hvdtrain.core import own_loop, rules
-from hvdtrain.core.collectives import Collectives
 from hvdtrain.core.compression import comm_plan
 from hvdtrain.core.config import ConfigError, RunConfig, load_config
 from hvdtrain.core.exchange_plan import Workers, plan_exchange
+from hvdtrain.tensorflow.adapter import tensorflow_collectives
 from hvdtrain.tensorflow.exchanges import data_parallel
 
 #: The config keys DistributedOptimizer takes: those that choose and tune the gradient exchange.
@@ -159,8 +159,7 @@ class Holder:
 
     def __init__(self, exchange: Any, name: str) -> None:
         self.exchange, self._name, self._count = exchange, name, 0
-        self.collectives = Collectives(hvd, lambda values: tf.constant(values, dtype=tf.float64), self._next,
-                                       _host_tensor)
+        self.collectives = tensorflow_collectives(self._next)
 
     def _next(self, prefix: str) -> str:
         self._count += 1
@@ -185,12 +184,6 @@ class Holder:
     def model_buffers(self) -> None:
         """None: the Keras model's own variables are saved by the callback (rank 0's)."""
         return None
-
-
-def _host_tensor(array: Any) -> Any:
-    """A NumPy array as a tensor in host memory (the per-rank state travels on the CPU)."""
-    with tf.device("/cpu:0"):
-        return tf.convert_to_tensor(array)
 
 
 def exchange_of(optimizer: Any) -> Any:
