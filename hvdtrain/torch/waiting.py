@@ -67,12 +67,13 @@ def policy(environ: dict[str, str] | None = None) -> str:
 def make_wait(mpi_ops: Any) -> Callable[[int], Any]:
     """A ``synchronize(handle)`` for Horovod's torch ``mpi_ops`` module that waits by
     :func:`wait_until` before handing over to the module's own ``synchronize``."""
-    original = mpi_ops.synchronize
-    handles, poll = mpi_ops._handle_map, mpi_ops.poll
+    original, poll = mpi_ops.synchronize, mpi_ops.poll
 
     def wait(handle: int) -> Any:
         """Horovod's ``synchronize(handle)``, waiting by polling with backoff (hvdtrain.torch.waiting)."""
-        if handle in handles:  # Horovod's own returns None for a handle it does not know
+        # the module's handle map is looked up on each call: hvd.init() binds a new one (and an
+        # elastic re-form calls init again), so one held from import time would never hold a handle
+        if handle in mpi_ops._handle_map:  # Horovod's own returns None for a handle it does not know
             wait_until(lambda: poll(handle))
         return original(handle)
 

@@ -68,3 +68,35 @@ def test_importing_hvdtrain_torch_puts_the_wait_in_every_horovod_torch_module_th
     assert waiting.install() is True and hvd.synchronize is mpi_ops.synchronize  # idempotent: not wrapped twice
     assert not getattr(mpi_ops.synchronize.__wrapped__, "hvdtrain_wait", False)
     assert hvd.synchronize(987654321) is None  # a handle Horovod does not know: its own answer, no poll
+
+
+WAITED_AFTER_INIT = """
+import torch
+import hvdtrain.torch  # installs the wait before Horovod is initialised, as every job does
+import horovod.torch as hvd
+from hvdtrain.torch import waiting
+
+calls = []
+inner = waiting.wait_until
+waiting.wait_until = lambda done, **kw: calls.append(1) or inner(done, **kw)
+for _ in range(2):  # hvd.init() binds Horovod's handle map anew each time (an elastic re-form inits again)
+    hvd.init()
+    total = hvd.allreduce(torch.ones(3), op=hvd.Sum)
+    hvd.broadcast_parameters({"w": torch.zeros(2)}, root_rank=0)
+    hvd.shutdown()
+print(len(calls), float(total.sum()))
+"""
+
+
+def test_collectives_after_horovod_init_are_waited_for_by_the_backoff(tmp_path):
+    """Real Horovod, one process: after ``hvd.init()`` (and again after a second init, as an
+    elastic re-form does) every blocking collective goes through :func:`waiting.wait_until`.
+    Until 2026-11-28 the wait held the handle map Horovod had at import time, which ``hvd.init()``
+    replaces, so no real job ever reached the backoff: every wait was Horovod's spin."""
+    from jobs import run
+
+    proc = run([sys.executable, "-c", WAITED_AFTER_INIT], timeout=120, cwd=tmp_path,
+               env={"HVDTRAIN_TORCH_WAIT": "backoff", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"})
+    waits, total = proc.stdout.split()[-2:]
+    assert float(total) == 3.0
+    assert int(waits) >= 4, proc.stdout  # an allreduce and a broadcast per init, twice
