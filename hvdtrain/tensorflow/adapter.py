@@ -132,7 +132,6 @@ class TensorFlowAdapter(FrameworkAdapter):
         self.plan = plan_exchange(config, Workers(hvd.size(), hvd.local_size(),
                                                   bool(tf.config.list_logical_devices("GPU")), threads,
                                                   os.cpu_count() or 1))
-        self.overlap = self.plan.overlap
         if not self.model.built:
             sample, _ = task.train_data.get_batch(np.arange(1), 0)
             self.model(_as_tensor(sample), training=False)

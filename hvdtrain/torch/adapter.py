@@ -109,7 +109,6 @@ class TorchAdapter(FrameworkAdapter):
         # the exchange, and the state keeper that knows whether the optimizer state is sharded.
         self.plan = plan_exchange(config, Workers(hvd.size(), hvd.local_size(), self.device.type == "cuda",
                                                   torch.get_num_threads(), os.cpu_count() or 1))
-        self.adasum, self.overlap = self.plan.adasum, self.plan.overlap
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         wiring = exchanges.build(self.plan, config, self.model, self.params, self._fine_tuning(task, config))
         self.optimizer, self.exchange, self.optimizer_state = wiring.optimizer, wiring.exchange, wiring.state
@@ -282,11 +281,8 @@ class TorchAdapter(FrameworkAdapter):
         return loss.detach()
 
     def _apply_update(self) -> None:
-        if self.adasum:  # each parameter's local update was started in backward; combine and apply them
-            self.optimizer.step()  # distributed: waits for the Adasum reduction of the updates
-            self.optimizer.zero_grad()
-            return
-        # distributed: the exchange leaves the gradient every rank applies in each p.grad
+        # distributed: the exchange leaves the gradient every rank applies in each p.grad (Adasum, which
+        # combines the updates inside optimizer.step(), hands back none: nothing to check or clip)
         grads = self.exchange.reduce([p.grad for p in self.params])
         if self.control is not None and self.control.frozen:  # no update at all for a frozen backbone
             self.control.drop_frozen_grads()

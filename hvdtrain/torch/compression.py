@@ -232,6 +232,23 @@ class Allreduce(Stateless):
         self.optimizer.set_backward_passes_per_step(accumulation)
 
 
+class AdasumUpdates(Allreduce):
+    """Horovod's Adasum in torch, which combines each worker's optimizer *update*, not its
+    gradient: the hooks of ``hvd.DistributedOptimizer(op=hvd.Adasum)`` (``optimizer``) compute each
+    parameter's local update during the backward pass and start its Adasum reduction, and that
+    optimizer's own ``step()`` waits for them and applies the combined update. So there is no
+    reduced gradient to hand back before the step (the rulebook refuses ``optim.grad_clip_norm``
+    and fp16 gradient scaling with Adasum for that reason), and nothing to skip around it."""
+
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """No gradient is reduced: Adasum reduces the updates inside the step (empty list)."""
+        return []
+
+    def stepping(self) -> contextlib.AbstractContextManager:
+        """Around ``optimizer.step()``: Horovod's Adasum step is the collective, so nothing is skipped."""
+        return contextlib.nullcontext()
+
+
 class Compressed:
     """A compressor (:class:`PowerSGD`, :class:`TopK`) exchanging the parameters' gradients."""
 

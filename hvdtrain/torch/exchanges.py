@@ -20,7 +20,7 @@ import torch
 
 from hvdtrain.core.exchange_plan import ExchangePlan
 from hvdtrain.torch import reproducible as bitwise
-from hvdtrain.torch.compression import Allreduce, build_exchange
+from hvdtrain.torch.compression import AdasumUpdates, Allreduce, build_exchange
 from hvdtrain.torch.flat_buffers import FlatAllreduce, GradBuffers, dtype_layouts
 from hvdtrain.torch.sharded import FlatReduceScatter, ShardedOptimizer, zero1_exchange
 
@@ -160,7 +160,7 @@ def build(plan: ExchangePlan, config: Any, model: torch.nn.Module, params: list[
         # groups=1 makes this constructor a collective (it broadcasts the parameter order): a worker
         # joining an elastic job builds its optimizer alone, so elastic runs keep per-tensor groups.
         groups=None if plan.overlap or config.train.elastic else 1)
-    return Wiring(distributed, Allreduce(distributed, params), WholeState())
+    return Wiring(distributed, (AdasumUpdates if plan.adasum else Allreduce)(distributed, params), WholeState())
 
 
 def group_settings(param_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:

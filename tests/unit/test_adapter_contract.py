@@ -21,6 +21,7 @@ import hvdtrain.core
 from hvdtrain.core.adapter import CORE_TOUCHES, SET_BY_PREPARE, FrameworkAdapter
 
 CORE = Path(hvdtrain.core.__file__).parent
+REPO = CORE.parents[1]
 
 
 def _is_adapter(node: ast.AST) -> bool:
@@ -108,3 +109,19 @@ def test_both_adapters_implement_the_contract(index):
     assert set(SET_BY_PREPARE) <= _assigned_in_prepare(cls), \
         f"{cls.__name__}.prepare leaves unset: {sorted(set(SET_BY_PREPARE) - _assigned_in_prepare(cls))}"
     assert cls.checkpoint_files, f"{cls.__name__}.checkpoint_files names no file load_state reads"
+
+
+@pytest.mark.parametrize("path", ["hvdtrain/torch/adapter.py", "hvdtrain/tensorflow/adapter.py"])
+def test_the_adapters_never_branch_on_the_kind_of_exchange(path):
+    """Issue 39: the exchange plan decides and the framework's factory builds; an adapter reads no
+    field of the plan that names the exchange (kind, adasum, overlap, fp16 on the wire) and tests no
+    exchange's class, so a new exchange is a new class, not a new branch in each adapter."""
+    tree = ast.parse((REPO / path).read_text())
+    plan_fields = {"kind", "adasum", "overlap", "fp16_wire", "comm"}
+    reads = sorted(f"{ast.unparse(node)} (line {node.lineno})" for node in ast.walk(tree)
+                   if isinstance(node, ast.Attribute) and node.attr in plan_fields
+                   and isinstance(node.value, ast.Attribute) and node.value.attr == "plan")
+    class_tests = sorted(f"{ast.unparse(node)} (line {node.lineno})" for node in ast.walk(tree)
+                         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance"
+                         and "exchange" in ast.unparse(node.args[0]).lower())
+    assert not reads and not class_tests, reads + class_tests

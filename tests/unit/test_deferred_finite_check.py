@@ -47,7 +47,7 @@ def adapter(window):
     a = TorchAdapter()
     a.model, a.params, a.exchange = model, list(model.parameters()), OneProcess()
     a.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    a.adasum, a.control, a.scaler, a.grad_clip_norm, a.nonfinite = False, None, None, None, "error"
+    a.control, a.scaler, a.grad_clip_norm, a.nonfinite = None, None, None, "error"
     a.finite_check = None if window is None else DeferredFiniteCheck(torch.device("cpu"), window)
     return a
 
