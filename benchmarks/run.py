@@ -36,10 +36,14 @@ ITEMS = ("1", "3", "4", "5")  # 1 also yields item 2, 4 also item 7, 5 also item
 
 
 def job_env() -> dict[str, str]:
+    """The jobs' environment. Torch collectives wait in Horovod's own spin (``HVDTRAIN_TORCH_WAIT=spin``):
+    each row sets hvdtrain's code against a loop written with Horovod as Horovod ships it, in the same
+    process, and a process has one wait policy; hvdtrain's default backoff is measured on its own
+    (benchmarks/torch_wait.py)."""
     env = dict(os.environ)
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=f"{REPO}{os.pathsep}{HERE}",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDTRAIN_TORCH_WAIT="spin")
     return env
 
 
