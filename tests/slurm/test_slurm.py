@@ -236,9 +236,10 @@ def assert_completed(jobs: Jobs, name: str, restarts: int | None = 0) -> tuple[s
     end once (an interrupted run prints where it stopped instead); its output and record."""
     info = jobs.wait(name)
     out = jobs.output(name)
-    if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0":  # whole, in the report's
-        print(f"--- job {name}: {info}\n{out}")  # captured stdout (pytest shortens the assertion's text)
-    assert info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", (info, out[-6000:])
+    completed = info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0"
+    if not completed:  # the whole output, in the report's captured stdout (pytest shortens the assertion's text)
+        print(f"--- job {name}: {info}\n{out}")
+    assert completed, (info, out[-6000:])
     if restarts is not None:
         assert int(info["Restarts"]) == restarts, (info, out[-6000:])
     assert out.count("hvdtrain: done") == 1, out[-6000:]
