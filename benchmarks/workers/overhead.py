@@ -25,6 +25,7 @@ import argparse
 import gc
 import importlib
 import os
+import resource
 import tempfile
 import time
 
@@ -49,9 +50,11 @@ class Interleave(hvdtrain.Callback):
         self.cpu: dict[str, list[float]] = {name: [] for name in sides}
         self.main_cpu: dict[str, list[float]] = {name: [] for name in sides}  # this (the main) thread's only
         self.gc_pauses: dict[str, list[tuple[int, int, float]]] = {name: [] for name in sides}  # (step, gen, s)
+        self.faults: dict[str, list[int]] = {name: [] for name in sides}  # the process's minor page faults
         self.side = "hvdtrain"
         self._gc_started = 0.0
         self.resumed, self.resumed_cpu, self.resumed_main = time.perf_counter(), time.process_time(), time.thread_time()
+        self.resumed_faults = minor_faults()
 
     def on_gc(self, phase: str, info: dict) -> None:
         """``gc.callbacks`` entry: the pause, charged to the side whose step is running."""
@@ -65,16 +68,26 @@ class Interleave(hvdtrain.Callback):
         self.times["hvdtrain"].append(time.perf_counter() - self.resumed)
         self.cpu["hvdtrain"].append(time.process_time() - self.resumed_cpu)
         self.main_cpu["hvdtrain"].append(time.thread_time() - self.resumed_main)
+        self.faults["hvdtrain"].append(minor_faults() - self.resumed_faults)
         names = list(self.others) if step % 2 == 0 else list(self.others)[::-1]
         for name in names:
             self.side = name
             started, started_cpu, started_main = time.perf_counter(), time.process_time(), time.thread_time()
+            started_faults = minor_faults()
             next(self.others[name])
             self.times[name].append(time.perf_counter() - started)
             self.cpu[name].append(time.process_time() - started_cpu)
             self.main_cpu[name].append(time.thread_time() - started_main)
+            self.faults[name].append(minor_faults() - started_faults)
         self.side = "hvdtrain"
         self.resumed, self.resumed_cpu, self.resumed_main = time.perf_counter(), time.process_time(), time.thread_time()
+        self.resumed_faults = minor_faults()
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (memory the kernel maps on first touch: what an
+    allocator that returns freed memory to the system pays again at every step)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def window_detail(clock: Interleave) -> dict:
@@ -85,10 +98,11 @@ def window_detail(clock: Interleave) -> dict:
     for side, times in clock.cpu.items():
         timed, main = times[SKIP_STEPS:], clock.main_cpu[side][SKIP_STEPS:]
         pauses = [(gen, sec) for step, gen, sec in clock.gc_pauses[side] if step >= SKIP_STEPS]
-        wall = clock.times[side][SKIP_STEPS:]
+        wall, faults = clock.times[side][SKIP_STEPS:], clock.faults[side][SKIP_STEPS:]
         detail[side] = {"wall_ms": 1000 * sum(wall) / max(1, len(wall)), "cpu_ms": 1000 * sum(timed) / max(1, len(timed)),
                         "main_cpu_ms": 1000 * sum(main) / max(1, len(main)), "gc_ms": 1000 * sum(s for _, s in pauses),
-                        "gc_count": len(pauses), "gc_full": sum(1 for gen, _ in pauses if gen == 2)}
+                        "gc_count": len(pauses), "gc_full": sum(1 for gen, _ in pauses if gen == 2),
+                        "faults": sum(faults) / max(1, len(faults))}
     return detail
 
 
@@ -144,17 +158,20 @@ def main() -> None:
             finally:
                 gc.callbacks.remove(clock.on_gc)
             rates = {name: BATCH * len(t[SKIP_STEPS:]) / sum(t[SKIP_STEPS:]) for name, t in clock.times.items()}
-            per_rank = hvd.allgather_object({"rates": rates, "detail": window_detail(clock)})  # distributed
+            steps_ms = {name: [round(1000 * t, 3) for t in times[SKIP_STEPS:]] for name, times in clock.times.items()}
+            per_rank = hvd.allgather_object({"rates": rates, "detail": window_detail(clock),  # distributed
+                                             "steps_ms": steps_ms})
             rounds.append({"overlap": overlap, "vary": f"{vary_key}={value}",
                            **{k: sum(p["rates"][k] for p in per_rank) / len(per_rank) for k in rates},
-                           "detail": [p["detail"] for p in per_rank]})
+                           "detail": [p["detail"] for p in per_rank], "steps_ms": [p["steps_ms"] for p in per_rank]})
             if hvd.rank() == 0:
                 print(f"round {r}: " + ", ".join(f"{k} {v}" if isinstance(v, str) else f"{k} {v:.1f}"
-                                                 for k, v in rounds[-1].items() if k != "detail"), flush=True)
+                                                 for k, v in rounds[-1].items() if k not in ("detail", "steps_ms")), flush=True)
                 for rank, detail in enumerate(rounds[-1]["detail"]):
                     print(f"  rank {rank}: " + "; ".join(
                         f"{side} {d['wall_ms']:.1f} ms/step, CPU {d['cpu_ms']:.1f} (main thread {d['main_cpu_ms']:.1f}), "
-                        f"gc {d['gc_ms']:.1f} ms ({d['gc_count']} pauses, {d['gc_full']} full)"
+                        f"gc {d['gc_ms']:.1f} ms ({d['gc_count']} pauses, {d['gc_full']} full), "
+                        f"{d['faults']:.0f} page faults"
                         for side, d in detail.items()), flush=True)
     if hvd.rank() == 0:
         common.write_json(args.out, {"framework": args.framework, "world_size": hvd.size(), "samples": args.samples,
