@@ -30,15 +30,20 @@ def horovod_comm_variables(comm: Any) -> dict[str, str]:
     return env
 
 
-def overlap_gradients(comm: Any, gpu: bool, workers_per_host: int, threads: int, cores: int) -> bool:
+def overlap_gradients(comm: Any, gpu: bool, workers_per_host: int, threads: int, cores: int,
+                      flat_buffer: bool = False) -> bool:
     """Whether each gradient is allreduced as soon as the backward pass produces it (Horovod's
-    default) rather than all together in one fused allreduce after it.
+    default) rather than all together after it.
 
-    ``comm.overlap='auto'`` overlaps on GPUs, and on CPUs only while a core is left over by the
-    workers' intra-op threads: Gloo's allreduce is CPU work (copies, sums, loopback or NIC
-    transfers), so on a fully used CPU it can only slow the backward pass it overlaps and be
-    slowed by it (measured in BENCHMARKS.md, items 2 and 4).
+    ``comm.overlap='auto'`` overlaps, as Horovod does, except where the run can reduce one flat
+    gradient buffer after the backward pass instead (``flat_buffer``: PyTorch's data parallelism
+    with ``comm.flat_gradients``) on a CPU whose cores the workers' intra-op threads already fill.
+    There Gloo's allreduce is CPU work (copies, sums, loopback or NIC transfers) that can only
+    compete with the backward pass it overlaps, and the flat buffer has no fusion-buffer copies to
+    make. Where the alternative would be Horovod's grouped allreduce (TensorFlow, or PyTorch without
+    flat buffers), overlapping measured faster on the same full CPU (BENCHMARKS.md, "Your own
+    script"), and on GPUs or with a spare core overlap is free.
     """
     if comm.overlap != "auto":
         return comm.overlap == "always"
-    return gpu or workers_per_host * threads < cores
+    return gpu or workers_per_host * threads < cores or not flat_buffer

@@ -284,8 +284,9 @@ class CommConfig:
                         "with optim.lr_scaling=none)", choices=("average", "adasum"))
     overlap: str = _f("auto", "whether gradient allreduces overlap the backward pass: 'always' (each gradient as soon "
                       "as it exists, Horovod's default), 'never' (all in one fused allreduce after the backward pass), "
-                      "'auto' (always on GPUs; never on CPUs whose cores the workers' intra-op threads already fill, "
-                      "where the allreduce only competes with the backward pass for the same cores)",
+                      "'auto' (always, except PyTorch's data parallelism with comm.flat_gradients on CPUs whose cores the "
+                      "workers' intra-op threads already fill: there one flat buffer is reduced after the backward "
+                      "pass, where an overlapped allreduce only competes with it for the same cores)",
                       choices=("auto", "always", "never"))
     flat_gradients: bool = _f(True, "PyTorch data parallelism without overlap: keep the gradients in one flat buffer "
                               "per dtype, averaged in place by one allreduce per update (no fusion-buffer copies); "

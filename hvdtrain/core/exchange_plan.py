@@ -83,8 +83,10 @@ def plan_exchange(config: Any, workers: Workers) -> ExchangePlan:
     if comm is not None:
         return ExchangePlan(comm.method, fp16_wire=fp16, comm=comm)
     adasum = config.comm.reduction == "adasum" and workers.size > 1
-    overlap = overlap_gradients(config.comm, workers.gpu, workers.local_size, workers.threads, workers.cores)
-    flat = config.framework in FLAT_BUFFERS and config.comm.flat_gradients and not overlap and not adasum
+    flat_buffer = config.framework in FLAT_BUFFERS and config.comm.flat_gradients and not adasum
+    overlap = overlap_gradients(config.comm, workers.gpu, workers.local_size, workers.threads, workers.cores,
+                                flat_buffer)
+    flat = flat_buffer and not overlap
     return ExchangePlan("flat" if flat else "allreduce", fp16_wire=fp16, adasum=adasum, overlap=overlap)
 
 

@@ -137,13 +137,14 @@ def test_adasum_needs_mpi_and_a_power_of_two():
     assert rules.adasum_needs_mpi(load_config(None), rules.World(3)) is None
 
 
-@pytest.mark.parametrize("setting, gpu, workers, threads, cores, expected", [
-    ("auto", False, 2, 1, 2, False),  # every core busy with compute: reduce after the backward pass
-    ("auto", False, 1, 1, 2, True),  # a spare core for Horovod's background thread: overlap
-    ("auto", True, 8, 16, 16, True),  # GPUs: overlap
-    ("always", False, 2, 1, 2, True),
-    ("never", True, 1, 1, 16, False),
+@pytest.mark.parametrize("setting, gpu, workers, threads, cores, flat_buffer, expected", [
+    ("auto", False, 2, 1, 2, True, False),  # every core busy, a flat buffer: one allreduce after the backward pass
+    ("auto", False, 2, 1, 2, False, True),  # every core busy, Horovod's grouped allreduce the alternative: overlap
+    ("auto", False, 1, 1, 2, True, True),  # a spare core for Horovod's background thread: overlap
+    ("auto", True, 8, 16, 16, True, True),  # GPUs: overlap
+    ("always", False, 2, 1, 2, True, True),
+    ("never", True, 1, 1, 16, False, False),
 ])
-def test_overlap_decision(setting, gpu, workers, threads, cores, expected):
+def test_overlap_decision(setting, gpu, workers, threads, cores, flat_buffer, expected):
     comm = load_config(None, overrides=[f"comm.overlap={setting}"]).comm
-    assert overlap_gradients(comm, gpu, workers, threads, cores) is expected
+    assert overlap_gradients(comm, gpu, workers, threads, cores, flat_buffer) is expected

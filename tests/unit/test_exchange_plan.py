@@ -8,7 +8,7 @@ import pytest
 from hvdtrain.core.exchange_plan import KINDS, ExchangePlan, Workers, describe, plan_exchange
 from hvdtrain.core.resolve import load_config
 
-CPU_FULL = Workers(size=2, local_size=2, gpu=False, threads=1, cores=2)  # the cores are taken: no overlap
+CPU_FULL = Workers(size=2, local_size=2, gpu=False, threads=1, cores=2)  # the cores are taken
 CPU_SPARE = Workers(size=2, local_size=2, gpu=False, threads=1, cores=4)  # a core left over: overlap
 
 
@@ -38,6 +38,19 @@ def test_overlap_and_adasum_only_for_horovods_allreduce():
     adasum = plan_exchange(load_config(overrides=["comm.reduction=adasum"]), CPU_FULL)
     assert adasum.kind == "allreduce" and adasum.adasum
     assert not plan_exchange(load_config(overrides=["comm.reduction=adasum"]), Workers(size=1)).adasum
+
+
+@pytest.mark.parametrize("overrides, overlap", [
+    ([], False),  # PyTorch: one flat buffer reduced after the backward pass
+    (["framework=tensorflow"], True),  # no flat buffer: each gradient's allreduce starts during the backward pass
+    (["comm.flat_gradients=false"], True),
+    (["framework=tensorflow", "comm.overlap=never"], False),
+    (["comm.overlap=always"], True),
+])
+def test_auto_overlaps_on_a_full_cpu_unless_a_flat_buffer_replaces_it(overrides, overlap):
+    plan = plan_exchange(load_config(overrides=overrides), CPU_FULL)
+    assert plan.overlap is overlap
+    assert (plan.kind == "flat") is (not overlap and "framework=tensorflow" not in overrides)
 
 
 @pytest.mark.parametrize("overrides, fp16", [
