@@ -33,17 +33,28 @@ import report  # noqa: E402
 BIN = Path(sys.executable).parent
 RESULTS = HERE / "results.json"
 ITEMS = ("1", "3", "4", "5")  # 1 also yields item 2, 4 also item 7, 5 also item 6
+#: glibc malloc: no memory given back to the kernel between steps (see :func:`job_env`); 32 MiB is
+#: the largest mmap threshold glibc accepts on 64-bit
+ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
 def job_env() -> dict[str, str]:
     """The jobs' environment. Torch collectives wait in Horovod's own spin (``HVDTRAIN_TORCH_WAIT=spin``):
     each row sets hvdtrain's code against a loop written with Horovod as Horovod ships it, in the same
     process, and a process has one wait policy; hvdtrain's default backoff is measured on its own
-    (benchmarks/torch_wait.py)."""
+    (benchmarks/torch_wait.py).
+
+    glibc's allocator keeps freed memory (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``):
+    with its defaults a torch step on the CPU gives its activations back to the kernel and faults
+    them in again at the next step, 700 to 13,000 page faults per step, and which side of a
+    comparison pays how many depends on the process's allocation history, not on the side's code
+    (BENCHMARKS.md, "Your own script"); both sides of a row share one process, so one allocator
+    setting applies to both."""
     env = dict(os.environ)
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=f"{REPO}{os.pathsep}{HERE}",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDTRAIN_TORCH_WAIT="spin")
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HVDTRAIN_TORCH_WAIT="spin",
+               **ALLOCATOR)
     return env
 
 

@@ -7,7 +7,10 @@ DistributedDataParallel over Gloo. The sides alternate step by step, so the mach
 them alike; each side's time is its own steps only (hvdtrain's step i is the time from the end
 of the callback after step i-1 to the end of step i: data, LR, hooks and logging included).
 Rounds alternate hvdtrain's comm.overlap between its default (``auto``) and ``always``, or with
-``--vary KEY=A,B`` any other setting (each round records ``vary``: the ``KEY=VALUE`` in force).
+``--vary KEY=A,B`` any other setting (each round records ``vary``: the ``KEY=VALUE`` in force), in
+the order A B B A A B B A ...: each value falls on even and odd rounds alike (rounds that simply
+alternate put one value on every even round, and consecutive rounds can differ by a few percent
+with nothing varied).
 Each round also records, per rank and side (``detail``), the wall and CPU time per timed step (the
 process's, all threads, and the main thread's) and the garbage collector's pauses inside them:
 what separates work a side adds from time it waits (for the other rank, or for a core).
@@ -111,14 +114,14 @@ def main() -> None:
     parser.add_argument("framework", choices=("torch", "tensorflow"))
     parser.add_argument("out")
     parser.add_argument("--rounds", type=int, default=10, help="epochs; comm.overlap alternates auto/always")
-    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--samples", type=int, default=4096, help="per round (32 steps of 64 per worker at np=2)")
     parser.add_argument("--ddp", action="store_true", help="torch: also interleave DistributedDataParallel steps")
     parser.add_argument("--keras-fit", action="store_true",
                         help="tensorflow: also interleave Keras model.fit steps through hvdtrain.keras")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra hvdtrain config override (ablations, e.g. train.tensorboard=false)")
     parser.add_argument("--vary", default="comm.overlap=auto,always", metavar="KEY=A,B",
-                        help="the hvdtrain setting rounds alternate between (A in even rounds, B in odd ones)")
+                        help="the hvdtrain setting rounds alternate between (A B B A A B B A ...)")
     args = parser.parse_args()
     vary_key, _, vary_values = args.vary.partition("=")
     vary_values = vary_values.split(",")
@@ -146,7 +149,7 @@ def main() -> None:
     rounds = []
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as tmp:
         for r in range(args.rounds):
-            value = vary_values[r % 2]
+            value = vary_values[(r + 1) // 2 % 2]  # A B B A A B B A ...
             overlap = value if vary_key == "comm.overlap" else "auto"
             overrides = hvdtrain_overrides(f"{tmp}/round{r}", **{"comm.overlap": overlap, vary_key: value}) + args.set
             config = hvdtrain.load_config(None, overrides=overrides,
