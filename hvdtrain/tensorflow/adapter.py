@@ -226,7 +226,8 @@ class TensorFlowAdapter(FrameworkAdapter):
         return self.optimizer.scale_loss(scaled) if self.loss_scaling else scaled
 
     def _update(self, grads: list[Any]) -> Any:
-        """Apply the allreduced ``grads`` if they are finite; return whether they were. With loss
+        """Apply the allreduced ``grads`` if they are finite (``train.nonfinite=error`` without loss
+        scaling: apply them, the run stops if they were not); return whether they were. With loss
         scaling: unscale first; after a finite update grow the scale every ``dynamic_growth_steps``,
         after an overflow halve it (Keras's LossScaleOptimizer rule)."""
         grads = [tf.convert_to_tensor(g) for g in grads]
@@ -243,6 +244,13 @@ class TensorFlowAdapter(FrameworkAdapter):
         finite = tf.math.is_finite(norm)
         if self.grad_clip_norm is not None:
             grads, _ = tf.clip_by_global_norm(grads, self.grad_clip_norm, use_norm=norm)
+        if scaler is None and self.nonfinite == "error":
+            # (read when traced) the run stops at a non-finite update either way, so the update need not
+            # wait for the whole gradient's norm: each variable is updated as soon as its gradient is
+            # reduced, as in a loop without the check, and the host reads ``finite`` at this very step. A
+            # non-finite update applied here is never saved: save_state refuses weights that are not finite.
+            optimizer.apply_gradients(zip(grads, variables))
+            return finite
 
         def apply():
             optimizer.apply_gradients(zip(grads, variables))
