@@ -46,7 +46,7 @@ def job_env() -> dict[str, str]:
 
     glibc's allocator keeps freed memory (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``):
     with its defaults a torch step on the CPU gives its activations back to the kernel and faults
-    them in again at the next step, 700 to 13,000 page faults per step, and which side of a
+    them in again at the next step, 700 to 10,000 page faults per step, and which side of a
     comparison pays how many depends on the process's allocation history, not on the side's code
     (BENCHMARKS.md, "Your own script"); both sides of a row share one process, so one allocator
     setting applies to both."""
