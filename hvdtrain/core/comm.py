@@ -31,7 +31,7 @@ def horovod_comm_variables(comm: Any) -> dict[str, str]:
 
 
 def overlap_gradients(comm: Any, gpu: bool, workers_per_host: int, threads: int, cores: int,
-                      flat_buffer: bool = False) -> bool:
+                      flat_buffer: bool) -> bool:
     """Whether each gradient is allreduced as soon as the backward pass produces it (Horovod's
     default) rather than all together after it.
 
