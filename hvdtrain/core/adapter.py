@@ -177,6 +177,12 @@ class FrameworkAdapter(ABC):
         (``train.nonfinite=error``) or skips the update and counts it in ``skipped_updates``
         (``skip``); so do updates a mixed-precision loss scaler skips."""
 
+    def convert_batch(self, inputs: Any, targets: Any) -> tuple[Any, Any]:
+        """A loaded batch as :meth:`train_step` and :meth:`eval_step` take it, called where the batch
+        is loaded (the prefetch thread: :func:`~hvdtrain.core.prefetch.load_batches`), so the loop's
+        thread does not convert it between steps. Not a collective; by default the batch as loaded."""
+        return inputs, targets
+
     @abstractmethod
     def eval_step(self, inputs: Any, targets: Any) -> dict[str, Any]:
         """Local sums on one batch: ``loss_sum``, ``count`` and the task's metric sums (framework
@@ -318,7 +324,7 @@ CORE_TOUCHES = (
     "task_lr",
     # the methods an adapter writes (the table in the module docstring) and the optional ones
     "init", "prepare", "describe_optimizer", "begin_epoch", "learning_rate", "set_learning_rate", "step_scheduler",
-    "broadcast_state", "train_step", "eval_step", "sync_model_buffers", "model_buffers", "set_model_buffers",
+    "broadcast_state", "convert_batch", "train_step", "eval_step", "sync_model_buffers", "model_buffers", "set_model_buffers",
     "reseed", "rng_state", "set_rng_state", "save_state", "load_state",
     # written once on FrameworkAdapter
     "context", "allreduce_sums", "broadcast_object", "allgather_object", "gather_object_to_root",

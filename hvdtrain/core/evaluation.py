@@ -28,7 +28,7 @@ def evaluate(task: Any, adapter: Any, ctx: Any, config: Any, watchdog: Any) -> d
         indices = sharding.eval_shard(len(data), ctx.data_rank, ctx.data_size)
         batches = sharding.batches(indices, config.train.batch_size)
     sums: dict[str, float] = {}
-    for inputs, targets in load_batches(data, batches, -1, config, ctx):
+    for inputs, targets in load_batches(data, batches, -1, config, ctx, convert=adapter.convert_batch):
         watchdog.beat(watchdog.step, "evaluating")
         for k, v in adapter.eval_step(inputs, targets).items():
             sums[k] = sums.get(k, 0.0) + (float(v) if exact else v)  # bitwise mode: in float64

@@ -250,7 +250,8 @@ class Trainer:
         batch_list, cut = step_limit.cut(cfg, batch_list, stats.global_step, accum)
         last = len(batch_list) - 1
         started, seen = time.perf_counter(), 0
-        loaded = load_batches(task.train_data, batch_list, epoch, cfg, ctx)  # in data workers or a thread
+        loaded = load_batches(task.train_data, batch_list, epoch, cfg, ctx,  # in data workers or a thread
+                              convert=adapter.convert_batch)
         self.watchdog.beat(stats.global_step, "loading the first batch")
         for i, (inputs, targets) in enumerate(loaded):
             if i % accum == 0:

@@ -13,10 +13,13 @@ import threading
 from typing import Any, Callable, Iterable, Iterator
 
 
-def load_batches(source: Any, batches: list[Any], epoch: int, config: Any, ctx: Any) -> Iterator[Any]:
+def load_batches(source: Any, batches: list[Any], epoch: int, config: Any, ctx: Any,
+                 convert: Callable[[Any, Any], tuple[Any, Any]] | None = None) -> Iterator[Any]:
     """``source.get_batch(indices, epoch)`` for each of ``batches``, in order, read ahead by
     ``data.workers`` processes (``source.in_workers``; None: :func:`~hvdtrain.core.item_workers.default_workers`)
-    or by the prefetch thread, ``data.prefetch_batches`` batches ahead."""
+    or by the prefetch thread, ``data.prefetch_batches`` batches ahead. ``convert(inputs, targets)``
+    (the adapter's ``convert_batch``) turns each batch into what the steps take: in the prefetch
+    thread, or as the data workers' batches arrive."""
     depth, loaded = config.data.prefetch_batches, None
     if getattr(source, "in_workers", False):
         from hvdtrain.core import item_workers
@@ -31,8 +34,10 @@ def load_batches(source: Any, batches: list[Any], epoch: int, config: Any, ctx: 
 
         loaded = item_workers.batches(source, batches, epoch, depth, workers, config.train.seed, say)
     if loaded is None:
-        return prefetch(batches, lambda idx: source.get_batch(idx, epoch), depth)
-    return loaded
+        if convert is None:
+            return prefetch(batches, lambda idx: source.get_batch(idx, epoch), depth)
+        return prefetch(batches, lambda idx: convert(*source.get_batch(idx, epoch)), depth)
+    return loaded if convert is None else (convert(*batch) for batch in loaded)
 
 
 def prefetch(items: Iterable[Any], load: Callable[[Any], Any], depth: int = 2) -> Iterator[Any]:

@@ -377,6 +377,15 @@ class TensorFlowAdapter(FrameworkAdapter):
         layout (:meth:`ShardedOptimizer.checkpoint_variables`), in memory this rank's."""
         return self.optimizer_state.optimizer_variables(self.optimizer, checkpoint)
 
+    def convert_batch(self, inputs: Any, targets: Any) -> tuple[Any, Any]:
+        """The batch as tensors, converted in the prefetch thread: on the loop's thread, right after a
+        step, converting it cost about 0.3 ms per step, the first eager operation after a step being
+        slow (measured with ``benchmarks/workers/overhead.py``; BENCHMARKS.md). Pipeline stages cut
+        their micro-batches from the batch as loaded."""
+        if self.pipeline is not None:
+            return inputs, targets
+        return _as_tensor(inputs), tf.convert_to_tensor(targets)
+
     def train_step(self, inputs: Any, targets: Any, apply_update: bool = True, weight: float | None = None) -> Any:
         # the planned exchange's micro-batch step (hvdtrain.tensorflow.exchanges): graph_train_step, or
         # bitwise mode's, where the exchange runs each micro-batch

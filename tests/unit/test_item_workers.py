@@ -116,6 +116,25 @@ def test_workers_read_the_items_off_the_trainer_in_the_threads_order(workers, de
     assert not item_workers._POOLS[workers].closed
 
 
+@pytest.mark.parametrize("workers,depth,where", [(0, 2, "hvdtrain-prefetch"), (0, 0, "MainThread"),
+                                                  (2, 2, "MainThread")])
+def test_the_adapters_conversion_runs_where_each_batch_is_loaded(workers, depth, where):
+    """``convert`` (an adapter's ``convert_batch``) sees every batch once, in order: in the prefetch
+    thread when one reads ahead, else as the batch reaches the loop."""
+    source = as_source(Rows(40))
+    batches = _batches(40, 8, seed=3)
+    seen = []
+
+    def convert(inputs, targets):
+        seen.append(threading.current_thread().name)
+        return inputs["x"][:, 0].tolist(), [int(t) * 10 for t in targets]
+
+    converted = list(load_batches(source, batches, 0, _config(workers, depth), CTX, convert=convert))
+    plain = _read(source, batches, workers, depth)
+    assert converted == [(inputs["x"][:, 0].tolist(), [int(t) * 10 for t in targets]) for inputs, targets in plain]
+    assert seen == [where] * len(batches)
+
+
 def test_an_item_draws_the_same_random_numbers_whatever_the_workers_and_batches():
     source = as_source(Rows(60))
     one = _read(source, _batches(60, 6, seed=1), 1)
