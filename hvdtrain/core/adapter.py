@@ -324,7 +324,8 @@ CORE_TOUCHES = (
     "task_lr",
     # the methods an adapter writes (the table in the module docstring) and the optional ones
     "init", "prepare", "describe_optimizer", "begin_epoch", "learning_rate", "set_learning_rate", "step_scheduler",
-    "broadcast_state", "convert_batch", "train_step", "eval_step", "sync_model_buffers", "model_buffers", "set_model_buffers",
+    "broadcast_state", "convert_batch", "train_step", "eval_step", "sync_model_buffers", "model_buffers",
+    "set_model_buffers",
     "reseed", "rng_state", "set_rng_state", "save_state", "load_state",
     # written once on FrameworkAdapter
     "context", "allreduce_sums", "broadcast_object", "allgather_object", "gather_object_to_root",
