@@ -379,9 +379,10 @@ class TensorFlowAdapter(FrameworkAdapter):
 
     def convert_batch(self, inputs: Any, targets: Any) -> tuple[Any, Any]:
         """The batch as tensors, converted in the prefetch thread: on the loop's thread, right after a
-        step, converting it cost about 0.3 ms per step, the first eager operation after a step being
-        slow (measured with ``benchmarks/workers/overhead.py``; BENCHMARKS.md). Pipeline stages cut
-        their micro-batches from the batch as loaded."""
+        step (the first eager operation after a step is slow), hvdtrain's main thread spent 0.47 ms per
+        step more than a hand-written loop's, 0.29 ms with the conversion here
+        (``benchmarks/workers/batch_conversion.py``; BENCHMARKS.md). Pipeline stages cut their
+        micro-batches from the batch as loaded."""
         if self.pipeline is not None:
             return inputs, targets
         return _as_tensor(inputs), tf.convert_to_tensor(targets)
