@@ -18,7 +18,9 @@ checkpoint (the same kind ``checkpoint.every_steps`` writes: it resumes bitwise)
 :class:`Preempted` (:meth:`PreemptionWatch.maybe_stop`, :meth:`PreemptionWatch.at_epoch_end`: the
 watch decides its own cadence, as the checkpoint policy does); the command line exits with :data:`EXIT_PREEMPTED` (75, ``EX_TEMPFAIL``: "try
 again") so that a job controller that restarts failed pods restarts it, and a requeued Slurm job
-or a restarted pod continues with ``checkpoint.resume=auto``. A second SIGTERM or SIGINT on a rank
+or a restarted pod continues with ``checkpoint.resume=auto``. 75 means this stop only: a stall
+(:data:`hvdtrain.core.watchdog.STALL_EXIT_CODE`, 70) and every other failure exit otherwise, so
+a job script that requeues on 75 never requeues a run that stopped at no checkpoint. A second SIGTERM or SIGINT on a rank
 that is already stopping takes the signal's default action at once (a user's second Ctrl-C).
 
 Nothing is installed where Python allows no handlers (a thread other than the main one) or in an
@@ -48,7 +50,9 @@ from hvdtrain.core.rank0 import RankZeroGate
 EARLY_SIGNALS = ("USR1", "USR2")
 _held: list[str] = []  # early signals received before a watch took over, in order
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the job stopped on request and can continue where it stopped
+#: EX_TEMPFAIL: the job stopped on request at a checkpoint and can continue where it stopped (this
+#: stop's code only: a job script requeues on it; a stall exits watchdog.STALL_EXIT_CODE)
+EXIT_PREEMPTED = 75
 IMMEDIATE_ON_REPEAT = ("TERM", "INT")  # a second one means "now"
 
 #: Seconds of training between two agreements of the ranks (a stop begins at most about this late).

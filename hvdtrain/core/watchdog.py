@@ -16,6 +16,11 @@ with ``with watchdog.phase("building the image index"):`` (:meth:`StallWatchdog.
 module-level :func:`phase` on the running watchdog, for code that holds no handle): stall detection
 is suspended inside (unless a ``limit`` is given), every message names the phase, and the clock
 starts afresh when it ends.
+
+A stall exits :data:`STALL_EXIT_CODE` (70, ``EX_SOFTWARE``): a failure, never the preemption's 75
+(:data:`hvdtrain.core.preemption.EXIT_PREEMPTED`, ``EX_TEMPFAIL``), so a job script that requeues
+on 75 (``examples/slurm/requeue.sbatch``) does not put a hung run back in the queue: it stopped at
+no checkpoint and would hang again.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from typing import Any, Iterator
 
 from hvdtrain.core.callbacks import Callback
 
-STALL_EXIT_CODE = 75
+#: The exit code of a stall (``EX_SOFTWARE``): a failure. Not 75, the preemption's code, on which a
+#: job script requeues the job (a hung run requeued would loop in the queue for ever).
+STALL_EXIT_CODE = 70
 _ACTIVE: list["StallWatchdog"] = []  # the running watchdog(s) of this process, innermost last
 
 
