@@ -83,18 +83,20 @@ def _comparable(key: str, value: Any) -> Any:
     return value
 
 
-def incompatibility(info: CheckpointInfo, config: RunConfig) -> str | None:
+def incompatibility(info: CheckpointInfo, config: RunConfig, elsewhere: str = "another --output") -> str | None:
     """Why checkpoint ``info`` cannot be resumed by this config (another recipe, framework or
-    state-defining key), or None if it can."""
+    state-defining key), or None if it can; ``elsewhere`` is the advice's other place to write to
+    (a script's own loop has no ``--output``)."""
     for key in ("recipe", "framework"):
         if info.manifest.get(key) != getattr(config, key):
             return (f"cannot resume: checkpoint {info.path} is from {key} {info.manifest.get(key)!r}, this run "
                     f"uses {getattr(config, key)!r} (nothing was changed)")
     return config_difference(info.manifest.get("config", {}), config, "cannot resume:",
-                             f"checkpoint {info.path} was saved with")
+                             f"checkpoint {info.path} was saved with", elsewhere)
 
 
-def config_difference(saved: dict[str, Any], config: RunConfig, lead: str, source: str) -> str | None:
+def config_difference(saved: dict[str, Any], config: RunConfig, lead: str, source: str,
+                      elsewhere: str = "another --output") -> str | None:
     """The first state-defining key (:func:`~hvdtrain.core.config.resume_keys`) whose value in the
     ``saved`` config differs from ``config``'s, as ``"{lead} {source} KEY=...; this run has ..."``."""
     now = to_dict(config)
@@ -104,7 +106,7 @@ def config_difference(saved: dict[str, Any], config: RunConfig, lead: str, sourc
             continue  # a checkpoint from a version without that key has nothing to compare
         why = " (its position in the data would skip or repeat samples)" if kind == "data" else ""
         return (f"{lead} {source} {key}={before!r}, this run "
-                f"has {key}={after!r}{why}; use the same {key} or another --output (nothing was changed)")
+                f"has {key}={after!r}{why}; use the same {key} or {elsewhere} (nothing was changed)")
     return None
 
 
@@ -288,11 +290,12 @@ def read_rank_states(path: Path, size: int) -> list[dict[str, Any]] | None:
     return states
 
 
-def restore(plan: dict[str, Any], adapter: Any, ctx: Any, gate: Any, output: Path,
+def restore(plan: dict[str, Any], adapter: Any, ctx: Any, gate: Any, output: Path | None,
             collective: bool = True) -> tuple[Position, list[dict[str, Any]], dict[str, Any] | None]:
     """Load the planned checkpoint (rank 0), hand every rank its RNG state and partial-epoch totals
     (one broadcast when ``collective``), and return the position, the metrics history and this
-    rank's carried totals (None: a fresh start, or another world size: the caller reseeds)."""
+    rank's carried totals (None: a fresh start, or another world size: the caller reseeds).
+    ``output``'s ``metrics.jsonl`` is cut back to the checkpoint; with ``output`` None no file is written."""
     if not plan.get("checkpoint"):
         return Position(), [], None
     manifest, path = plan["manifest"], Path(plan["checkpoint"])
@@ -301,7 +304,8 @@ def restore(plan: dict[str, Any], adapter: Any, ctx: Any, gate: Any, output: Pat
     rank_states = None
     if ctx.is_main:
         adapter.load_state(path)
-        atomic_write_text(output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
+        if output is not None:  # None: a checkpoint loaded on its own, outside any run's output (nothing cut)
+            atomic_write_text(output / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in history))
         rank_states = read_rank_states(path, int(manifest.get("world_size", ctx.size)))
     rank_states = adapter.broadcast_object(rank_states) if collective else None  # distributed
     saved_size = int(manifest.get("world_size", ctx.size))
