@@ -1,11 +1,11 @@
 """Gradient compression and local SGD: bytes on the wire and accuracy next to the uncompressed run,
-both frameworks. Writes benchmarks/compression_results.json and benchmarks/sections/compression.md (one of
-BENCHMARKS.md's sections, which benchmarks/report.py re-renders).
+both frameworks. Writes benchmarks/compression_results.json and reports/benchmarks/compression.md (every
+table and command; BENCHMARKS.md's section, benchmarks/sections/compression.md, is its summary and links it).
 
     .venv/bin/python benchmarks/compression.py bytes      # socket bytes per step, small_cnn and resnet18 (~8 min)
     .venv/bin/python benchmarks/compression.py accuracy   # the MNIST demo config, 2 ranks (~3 min per epoch and run)
     .venv/bin/python benchmarks/compression.py ddp        # torch PowerSGD vs DDP's powerSGD_hook (~5 min)
-    .venv/bin/python benchmarks/compression.py report     # re-render compression.md and BENCHMARKS.md
+    .venv/bin/python benchmarks/compression.py report     # re-render the report and BENCHMARKS.md
     .venv/bin/python benchmarks/compression_link.py       # time to accuracy over a tc-shaped veth (root)
 
 Bytes: each setting runs in its own ``horovodrun -np 2 --gloo`` job on the image recipe's model with
@@ -34,7 +34,7 @@ import report  # noqa: E402
 from run import BIN, launch, machine  # noqa: E402
 
 OUT = HERE / "compression_results.json"
-MARKDOWN = HERE / "sections" / "compression.md"
+MARKDOWN = REPO / "reports" / "benchmarks" / "compression.md"  # the whole record; the section summarises it
 BYTES_SETTINGS = {
     "none": [],
     "powersgd-r4": ["comm.compression=powersgd", "comm.powersgd_rank=4"],
@@ -120,7 +120,10 @@ def measure_ddp(raw: Path, log: Path, rank: int = 4, start: int = 10) -> list[st
 
 
 def render(results: dict) -> str:
-    lines = ["## Gradient compression and local SGD (benchmarks/compression.py)", ""]
+    lines = ["# Gradient compression and local SGD: every measurement (benchmarks/compression.py)", "",
+             "Written by `python benchmarks/compression.py` from `benchmarks/compression_results.json`; what holds "
+             "now: [BENCHMARKS.md, Gradient compression and local SGD]"
+             "(../../BENCHMARKS.md#gradient-compression-and-local-sgd-benchmarkscompressionpy).", ""]
     if results.get("bytes"):
         b = results["bytes"]
         lines += [f"Measured by `{b['command']}` on {b['date']} ({b['machine']}). Bytes each rank wrote to "

@@ -51,7 +51,8 @@ html_static_path = []
 # BENCHMARKS.md and RELIABILITY.md live at the repository's root and are included as pages: a link
 # of theirs to a file that is not a page (a script, a JSON result) becomes the file's path as code
 # here, once the file is found (beside the included page, or under benchmarks/ where the benchmark
-# scripts live); a link to a file that exists nowhere fails the build, as a broken page link does.
+# scripts live); so does a link to a Markdown file outside docs/ (the dated reports under reports/, read
+# on GitHub); a link to a file that exists nowhere fails the build, as a broken page link does.
 _LOCAL_LINK = re.compile(r"(?<!!)\[([^\]]+)\]\((?!https?://|#|mailto:)([^)#\s]+)(#[^)\s]*)?\)")
 
 
@@ -60,8 +61,8 @@ def _file_links(app, relative_path, parent_docname, content):
 
     def code(match):
         text, target = match.group(1), match.group(2)
-        if target.endswith(".md"):
-            return match.group(0)
+        if target.endswith(".md") and (path.parent / target).resolve().is_relative_to(Path(app.srcdir).resolve()):
+            return match.group(0)  # a page of the site
         for base in (path.parent, REPO / "benchmarks"):
             if (base / target).exists():
                 shown = (base / target).relative_to(REPO).as_posix()
