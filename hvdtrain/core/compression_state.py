@@ -31,7 +31,6 @@ allreduce) writes no file and costs no collective.
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from hvdtrain.core.checkpoint import CheckpointError
 from hvdtrain.core.compression import describe
 from hvdtrain.core.errors import TrainingError
 from hvdtrain.core.exchange import STATE_FORMAT
+from hvdtrain.core.npz import open_npz
 
 STATE_FILE = "comm_state.npz"
 BUFFER_KEY = "model_buffer/"  # + index: a rank's own running statistics, in the adapter's order
@@ -114,7 +114,9 @@ def read(path: Path, size: int | None = None) -> list[dict[str, np.ndarray]] | N
     """The per-rank states stored in checkpoint ``path`` (None if it holds none), written by
     ``size`` ranks (default: the world size its ``manifest.json`` records). A key that is not ``RANK/NAME`` with a rank below
     ``size`` (before: ``99999999999/model_buffer/00000`` built a list that long) is a
-    CheckpointError naming the file."""
+    CheckpointError naming the file, and so is a member whose header declares more than the file
+    holds, a compressed or an object member (:func:`hvdtrain.core.npz.open_npz`: checked before any
+    array is read, so reading takes no more memory than the file's size)."""
     file = Path(path) / STATE_FILE
     if not file.is_file():
         return None
@@ -124,17 +126,15 @@ def read(path: Path, size: int | None = None) -> list[dict[str, np.ndarray]] | N
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{Path(path) / 'manifest.json'} does not give the world size ({exc})") from None
     states: dict[int, dict[str, np.ndarray]] = {}
-    try:
-        with np.load(file, allow_pickle=False) as saved:
-            for key in saved.files:
-                rank, _, name = key.partition("/")
-                if not (rank.isdigit() and len(rank) <= 9 and int(rank) < size and name):
-                    raise CheckpointError(f"{file}: key {key[:80]!r} is not RANK/NAME with a rank below the "
-                                          f"checkpoint's world size {size}")
-                states.setdefault(int(rank), {})[name] = saved[key]
-    except (ValueError, OSError, zipfile.BadZipFile) as exc:  # not an .npz, or an array of objects
-        raise CheckpointError(f"{file} is not a readable state file ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+    with open_npz(file) as saved:  # every member's header checked (size, dtype, no pickle) before any read
+        for key in saved.files:
+            rank, _, name = key.partition("/")
+            if not (rank.isdigit() and len(rank) <= 9 and int(rank) < size and name):
+                raise CheckpointError(f"{file}: key {key[:80]!r} is not RANK/NAME with a rank below the "
+                                      f"checkpoint's world size {size}")
+        for key in saved.files:
+            rank, _, name = key.partition("/")
+            states.setdefault(int(rank), {})[name] = saved[key]
     return [states.get(rank, {}) for rank in range(max(states) + 1)] if states else None
 
 

@@ -1,6 +1,7 @@
 """TensorFlow checkpoint files: model and optimizer variables as NumPy ``.npz`` files, in order,
 with their paths, written one variable at a time and read back checked (count, shapes, paths
-beyond Keras's automatic numbering). No pickled object is written or read.
+beyond Keras's automatic numbering). No pickled object is written or read; every member's header
+is checked before any array is read (:mod:`hvdtrain.core.npz`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from hvdtrain.core.npz import open_npz
 
 MODEL_FILE = "model_variables.npz"  # every model variable, dropout seed state included
 OPTIMIZER_FILE = "optimizer.npz"  # loss-scale state included (train.mixed_precision=fp16)
@@ -78,19 +81,29 @@ def check_paths(path: Path, saved: Any, variables: list[Any]) -> None:
                              f"the checkpoint by position (nothing was loaded)")
 
 
-def load_variables(path: Path, variables: list[Any]) -> None:
-    """Assign what :func:`save_variables` wrote; a count, path or shape mismatch is a clear error
-    (values are stored by position: a variable whose saved path differs from this model's, beyond
-    Keras's automatic numbering, would be loaded into the wrong place)."""
-    with np.load(path, allow_pickle=False) as saved:
+def read_variables(path: Path, variables: list[Any]) -> list[np.ndarray]:
+    """The values :func:`save_variables` wrote for ``variables``, read only after the file's headers
+    are checked (:func:`hvdtrain.core.npz.open_npz`: a member declaring more than the file holds, a
+    compressed or pickled member is a CheckpointError naming file and member, before any array is
+    read) and after the count, the paths and every member's declared shape match ``variables``
+    (ValueError naming the first difference; values are stored by position: a variable whose saved
+    path differs from this model's, beyond Keras's automatic numbering, would be loaded into the
+    wrong place)."""
+    with open_npz(path) as saved:
         names = sorted(n for n in saved.files if n != "paths")
         if len(names) != len(variables):
             raise ValueError(f"{path} holds {len(names)} variables, this model/optimizer has {len(variables)}")
         check_paths(path, saved, variables)
         for name, variable in zip(names, variables):
-            if tuple(saved[name].shape) != tuple(variable.shape):
+            shape = saved.members[name].shape  # from the header: nothing is read before every shape matches
+            if shape != tuple(variable.shape):
                 raise ValueError(f"{path}: variable {getattr(variable, 'path', name)} has shape "
-                                 f"{tuple(variable.shape)}, the checkpoint has {tuple(saved[name].shape)}")
-        values = [saved[name] for name in names]
-    for variable, value in zip(variables, values):
+                                 f"{tuple(variable.shape)}, the checkpoint has {shape}")
+        return [saved[name] for name in names]
+
+
+def load_variables(path: Path, variables: list[Any]) -> None:
+    """Assign what :func:`save_variables` wrote, checked by :func:`read_variables` before anything
+    is assigned (a count, path or shape mismatch is a clear error; nothing is loaded then)."""
+    for variable, value in zip(variables, read_variables(path, variables)):
         variable.assign(value)

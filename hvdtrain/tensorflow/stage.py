@@ -29,7 +29,7 @@ from hvdtrain.core.collectives import broadcast_pickled
 from hvdtrain.core.gpipe import Cut, Placement
 from hvdtrain.core.exchange_plan import Workers, plan_exchange
 from hvdtrain.tensorflow.adapter import _as_tensor, _host_tensor, offset_seed_states
-from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, check_paths, load_variables, save_variables
+from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, load_variables, read_variables, save_variables
 from hvdtrain.tensorflow.compression import tf_variables
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -263,13 +263,8 @@ class TensorFlowStage:
         """The model's and the un-cut optimizer's variables as a whole-model state."""
         full = self._full_optimizer()
         load_variables(directory / OPTIMIZER_FILE, full.variables)  # checks count and shapes
-        with np.load(directory / MODEL_FILE, allow_pickle=False) as saved:
-            names = sorted(n for n in saved.files if n != "paths")
-            if len(names) != len(self.model.variables):
-                raise ValueError(f"{directory / MODEL_FILE} holds {len(names)} variables, this model has "
-                                 f"{len(self.model.variables)}")
-            check_paths(directory / MODEL_FILE, saved, self.model.variables)  # not silently permuted
-            model = {i: saved[n] for i, n in enumerate(names)}
+        # count, paths (not silently permuted) and shapes checked from the headers before any array is read
+        model = dict(enumerate(read_variables(directory / MODEL_FILE, self.model.variables)))
         return {"model": model, "optimizer": {v.path: np.asarray(v.numpy()) for v in full.variables}, "groups": None}
 
     def write_checkpoint(self, directory: Path, state: dict[str, Any]) -> None:
