@@ -135,7 +135,8 @@ def test_tensorflow_save_variables_files_read_back(tmp_path):
     from hvdtrain.tensorflow.checkpoint import load_variables, save_variables
 
     values = [np.arange(4, dtype=np.float32), np.asarray(7, dtype=np.int64)]
-    saved = [SimpleNamespace(shape=v.shape, path=f"dense/v{i}", name=f"v{i}", numpy=lambda v=v: v) for i, v in enumerate(values)]
+    saved = [SimpleNamespace(shape=v.shape, path=f"dense/v{i}", name=f"v{i}", numpy=lambda v=v: v)
+             for i, v in enumerate(values)]
     save_variables(tmp_path / "m.npz", saved)
     got = []
     load_variables(tmp_path / "m.npz", [SimpleNamespace(shape=v.shape, path=f"dense/v{i}", assign=got.append)
