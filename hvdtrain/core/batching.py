@@ -14,7 +14,12 @@ Two ways, one :class:`BatchPlan` (built by :func:`plan_for`, used by the loop):
   in contiguous blocks: worker ``r`` computes micro-batches ``r*A .. r*A+A-1`` with ``A = M /
   workers`` (its accumulation). The samples of update ``k`` are therefore the same at any world
   size that divides ``M``; the others are refused before training, naming those that can
-  (:func:`global_batch_refusal`). The LR schedule counts samples
+  (:func:`global_batch_refusal`). Where the user did not set ``train.batch_size`` (a recipe's
+  default is not the user's: :func:`given`), the micro-batch follows from the global batch instead:
+  ``b = G / (workers x train.grad_accumulation)`` (:func:`micro_batch`), one micro-batch per worker
+  per update unless ``train.grad_accumulation`` is set, and rank 0 says so
+  (:func:`derivation_note`). Bitwise mode (``train.reproducible=world-size``) and elastic jobs keep
+  ``train.batch_size`` as it is: both need the same micro-batches at every world size. The LR schedule counts samples
   (:func:`hvdtrain.core.schedule.schedule_step`), and the peak LR is scaled by ``M`` (workers x
   accumulation), the same at any world size.
 
@@ -133,10 +138,61 @@ def dividing_world_sizes(micro_batches: int) -> list[int]:
     return [n for n in range(1, micro_batches + 1) if micro_batches % n == 0]
 
 
+def given(train: Any, name: str) -> bool:
+    """Whether the user set ``train.NAME``: the keys :func:`hvdtrain.core.resolve.load_config`
+    recorded as given by the config file, the arguments and the overrides (``train.given_keys``; a
+    recipe's defaults are not the user's), else, for a config built in code, a value that is not
+    the default."""
+    recorded = getattr(train, "__dict__", {}).get("given_keys")
+    if recorded is not None:
+        return name in recorded
+    return getattr(train, name) != getattr(type(train)(), name)
+
+
+def derives_micro_batch(train: Any) -> bool:
+    """Whether ``train.batch_size`` follows from ``train.global_batch_size`` and the world size: a
+    global batch, no ``train.batch_size`` of the user's, and neither bitwise mode nor an elastic job
+    (both keep the same micro-batches at every world size, so ``train.batch_size`` as it is)."""
+    return (train.global_batch_size is not None and not given(train, "batch_size")
+            and getattr(train, "reproducible", "none") != "world-size" and not getattr(train, "elastic", False))
+
+
+def micro_batch(train: Any, world_size: int) -> int:
+    """The micro-batch on ``world_size`` workers: ``train.batch_size``, or where it follows from the
+    global batch (:func:`derives_micro_batch`) ``global_batch_size / (world_size x
+    grad_accumulation)`` (callers check it divides: :func:`global_batch_refusal`)."""
+    if not derives_micro_batch(train):
+        return train.batch_size
+    return max(1, train.global_batch_size // (world_size * max(1, train.grad_accumulation)))
+
+
+def derivation_note(train: Any, world_size: int) -> str | None:
+    """Rank 0's note where the micro-batch followed from the global batch, else None."""
+    if not derives_micro_batch(train):
+        return None
+    a = train.grad_accumulation
+    per = f" x train.grad_accumulation={a}" if a != 1 else ""
+    return (f"train.batch_size={micro_batch(train, world_size)} from train.global_batch_size="
+            f"{train.global_batch_size} on {world_size} workers{per} (set train.batch_size to choose the "
+            f"micro-batch; the workers then accumulate)")
+
+
+def notes(train: Any, world_size: int) -> list[str]:
+    """Rank 0's lines as a run on ``world_size`` workers begins (:func:`derivation_note`)."""
+    note = derivation_note(train, world_size)
+    return [f"hvdtrain: note: {note}"] if note else []
+
+
 def config_refusal(train: Any) -> str | None:
     """Why ``train.global_batch_size`` cannot be cut into micro-batches of ``train.batch_size``, or
     an explicit ``train.grad_accumulation`` fits it at no world size (what needs no job)."""
     g, b, a = train.global_batch_size, train.batch_size, train.grad_accumulation
+    if g is not None and derives_micro_batch(train):
+        if a != 1 and g % a:
+            return (f"train.grad_accumulation={a} contradicts train.global_batch_size={g}: {g} samples cannot be "
+                    f"accumulated in {a} equal micro-batches; leave train.grad_accumulation unset, or set "
+                    f"train.batch_size")
+        return None
     if g is not None and g % b:
         return (f"train.global_batch_size={g} is not a multiple of train.batch_size={b} (the micro-batch one worker "
                 f"computes at once); choose a global batch of whole micro-batches, or a batch_size that divides {g}")
@@ -153,6 +209,16 @@ def global_batch_refusal(train: Any, world_size: int) -> str | None:
     if problem or train.global_batch_size is None:
         return problem
     g, b = train.global_batch_size, train.batch_size
+    if derives_micro_batch(train):
+        a = train.grad_accumulation
+        if g % (world_size * a):
+            share = g // a
+            sizes = ", ".join(map(str, dividing_world_sizes(share)))
+            each = f" accumulating train.grad_accumulation={a} each" if a != 1 else ""
+            return (f"train.global_batch_size={g} cannot be shared equally by {world_size} workers{each} (train."
+                    f"batch_size follows from it, as it is not set); launch {sizes} workers (the world sizes that "
+                    f"divide {share}), or set train.batch_size and let the workers accumulate")
+        return None
     micro = g // b
     if micro % world_size:
         sizes = ", ".join(map(str, dividing_world_sizes(micro)))
@@ -175,19 +241,22 @@ def plan_for(train: Any, world_size: int) -> BatchPlan:
     problem = global_batch_refusal(train, world_size)
     if problem:
         raise ConfigError(problem)
-    micro = train.global_batch_size // train.batch_size
+    b = micro_batch(train, world_size)
+    micro = train.global_batch_size // b
     summed = getattr(train, "reproducible", "none") == "world-size"
-    return BatchPlan(train.batch_size, micro // world_size, world_size, train.global_batch_size, summed)
+    return BatchPlan(b, micro // world_size, world_size, train.global_batch_size, summed)
 
 
 def as_run(config: Any, world_size: int) -> Any:
     """``config`` as the adapter runs it on ``world_size`` workers: with a fixed global batch, a
-    copy whose ``train.grad_accumulation`` is the one that follows (the user's config, what
-    ``config.yaml`` and ``--resume`` compare, stays as given)."""
+    copy whose ``train.grad_accumulation`` (and ``train.batch_size``, where it follows from the
+    global batch) is the one that follows (the user's config, what ``config.yaml`` and
+    ``--resume`` compare, stays as given)."""
     if config.train.global_batch_size is None:
         return config
     plan = plan_for(config.train, world_size)
-    return replace(config, train=replace(config.train, grad_accumulation=plan.accumulation))
+    return replace(config, train=replace(config.train, grad_accumulation=plan.accumulation,
+                                         batch_size=plan.micro_batch))
 
 
 def may_reform(config: Any) -> bool:

@@ -144,7 +144,9 @@ class TrainConfig:
                                        "world size (None: batch_size x workers x grad_accumulation). batch_size is "
                                        "then the micro-batch a worker computes at once and the accumulation follows: "
                                        "global_batch_size / (batch_size x workers); a world size that does not "
-                                       "divide global_batch_size / batch_size is refused. Update k takes the same "
+                                       "divide global_batch_size / batch_size is refused. With batch_size not set "
+                                       "by you, it follows: global_batch_size / (workers x grad_accumulation), "
+                                       "except in bitwise mode and elastic jobs. Update k takes the same "
                                        "samples at any world size (docs: guides/world-size)", min=1, resume="data")
     fp16_allreduce: bool = _f(False, "older spelling of comm.compression=fp16 (kept as an alias): gradients travel "
                               "as float16; with comm.compression=powersgd or topk, their factors or values do")

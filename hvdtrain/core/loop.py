@@ -124,7 +124,7 @@ class Trainer:
         has_scheduler = getattr(task, "scheduler", None) is not None
         self.lr_policy, notes = optimizer_policy.decide(cfg, adapter.describe_optimizer(task), has_scheduler)
         optimizer_policy.check_task_schedule(cfg, self.lr_policy, has_scheduler)
-        for note in notes:
+        for note in [*notes, *batching.notes(cfg.train, ctx.data_size)]:  # e.g. train.batch_size from the global batch
             gate.print(note)
         adapter.task_lr = self.lr_policy.task
         self.watchdog.beat(0, "preparing the model and optimizer")
@@ -180,8 +180,8 @@ class Trainer:
         position = state.position
         val_samples = len(task.val_data) if task.val_data is not None else "no"
         gate.print(f"hvdtrain: {cfg.recipe}/{cfg.framework} on {ctx.size} worker(s): {len(task.train_data)} train / "
-                   f"{val_samples} val samples, {micro_steps} steps/epoch of {cfg.train.batch_size} "
-                   f"per worker, " + (policy.describe() if schedule is None else f"peak LR {schedule.peak_lr:g}"))
+                   f"{val_samples} val samples, {micro_steps} steps/epoch of "
+                   f"{batching.micro_batch(cfg.train, ctx.data_size)} per worker, " + (policy.describe() if schedule is None else f"peak LR {schedule.peak_lr:g}"))
         self.hooks.on_train_begin(ctx, {"config": cfg, "output": self.output, "start_epoch": position.epoch,
                                         "steps_per_epoch": micro_steps, "world_size": ctx.size,
                                         "config_ran": optimizer_policy.ran_config(cfg, policy)})

@@ -22,6 +22,10 @@ def load_config(defaults: dict[str, Any] | None = None, file: str | Path | None 
     < ``file`` < ``top`` < ``overrides``; see :func:`hvdtrain.core.config.load_config`) with the
     sections of the recipe in force, and refuse a combination the rulebook refuses."""
     config = _config.load_config(defaults, file, overrides, schema=config_schema, **top)
+    # the train.* keys the user gave (not the recipe's defaults): where train.batch_size is not one of
+    # them, a fixed global batch sets the micro-batch (hvdtrain.core.batching.given)
+    config.train.given_keys = frozenset(key.split(".", 1)[1] for key in given_keys(None, file, overrides, top)
+                                        if key.startswith("train."))
     rules.check(config)
     # what the user set, for the rule that optim.* defaults never touch the task's own optimizer
     # (hvdtrain.core.optimizer_policy): an instance attribute, carried where the config is pickled

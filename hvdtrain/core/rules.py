@@ -364,11 +364,12 @@ def global_batch_divides_world(config: Any, world: World) -> str | None:
     problem = batching.global_batch_refusal(config.train, replicas)
     if problem or config.train.global_batch_size is None or stages == 1:
         return problem
-    accumulation = batching.plan_for(config.train, replicas).accumulation
+    plan = batching.plan_for(config.train, replicas)
+    accumulation = plan.accumulation
     if accumulation != 1:  # pipeline stages split each micro-batch themselves and accumulate nothing
         return (f"train.global_batch_size={config.train.global_batch_size} with parallel.pipeline_stages={stages} on "
                 f"{world.size} workers accumulates {accumulation} micro-batches of train.batch_size="
-                f"{config.train.batch_size} per replica, which pipeline stages do not; make the global batch "
+                f"{plan.micro_batch} per replica, which pipeline stages do not; make the global batch "
                 f"batch_size x {replicas} replicas, or leave train.global_batch_size unset")
     return None
 

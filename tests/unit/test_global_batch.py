@@ -157,3 +157,52 @@ def test_the_world_size_of_each_range_of_updates():
         "world_sizes": [[7, 10, 4], [11, 12, 2]]}
     assert batching.world_sizes_field(changes, [{"epoch": 2, "step": 24}], 30) == {}  # one world size: the row's
     assert batching.world_sizes_field(None, [], 6) == {}  # not elastic
+
+
+def resolved(*overrides, **defaults):
+    """A config as the CLI resolves it: the recipe's ``defaults`` (not the user's), then ``--set``."""
+    from hvdtrain.core.resolve import load_config
+
+    return load_config({"train": defaults} if defaults else None, None, list(overrides))
+
+
+def test_issue_61_item_6_the_micro_batch_follows_from_the_global_batch_when_batch_size_is_not_set():
+    """``--set train.global_batch_size=64`` on 2 workers: train.batch_size (the default 64, or a
+    recipe's default) is not the user's, so each worker computes 32 per update (one micro-batch),
+    and rank 0 says so; the adapter runs that micro-batch."""
+    for cfg in (resolved("train.global_batch_size=64"), resolved("train.global_batch_size=64", batch_size=8)):
+        assert rules.refusal(cfg, rules.World(size=2)) is None
+        plan = batching.plan_for(cfg.train, 2)
+        assert (plan.micro_batch, plan.accumulation, plan.samples_per_update) == (32, 1, 64)
+        assert batching.derivation_note(cfg.train, 2).startswith(
+            "train.batch_size=32 from train.global_batch_size=64 on 2 workers")
+        ran = batching.as_run(cfg, 2)
+        assert (ran.train.batch_size, ran.train.grad_accumulation) == (32, 1)
+        assert cfg.train.batch_size in (64, 8)  # the user's config (config.yaml, --resume) stays as given
+        assert batching.plan_for(cfg.train, 4).micro_batch == 16  # another world size: its own share
+    # the same samples per update at any world size (the micro-batches are cut differently)
+    train = resolved("train.global_batch_size=16").train
+    by_world = {w: updates([batching.plan_for(train, w)] * w, 40) for w in (1, 2, 4)}
+    assert [u.tolist() for u in by_world[1]] == [u.tolist() for u in by_world[2]] == [u.tolist() for u in by_world[4]]
+    accumulating = resolved("train.global_batch_size=64", "train.grad_accumulation=2")
+    plan = batching.plan_for(accumulating.train, 2)
+    assert (plan.micro_batch, plan.accumulation) == (16, 2)
+
+
+def test_issue_61_item_6_a_global_batch_the_workers_cannot_share_is_refused_naming_those_that_can():
+    problem = rules.refusal(resolved("train.global_batch_size=30"), rules.World(size=4))
+    assert problem == ("train.global_batch_size=30 cannot be shared equally by 4 workers (train.batch_size follows "
+                       "from it, as it is not set); launch 1, 2, 3, 5, 6, 10, 15, 30 workers (the world sizes that "
+                       "divide 30), or set train.batch_size and let the workers accumulate")
+    with pytest.raises(ConfigError, match="^train.grad_accumulation=4 contradicts train.global_batch_size=30: "):
+        resolved("train.global_batch_size=30", "train.grad_accumulation=4")  # fits no world size: before the job
+
+
+def test_issue_61_item_6_both_keys_set_keep_the_refusal_and_bitwise_or_elastic_keep_the_batch_size():
+    cfg = resolved("train.global_batch_size=64", "train.batch_size=64")  # the user's own micro-batch
+    problem = rules.refusal(cfg, rules.World(size=2))
+    assert "train.global_batch_size=64 is 1 micro-batches of train.batch_size=64, which 2 workers" in problem
+    assert batching.derivation_note(cfg.train, 2) is None
+    for extra in ("train.reproducible=world-size", "train.elastic=true"):  # the same micro-batches at any size
+        train = resolved("train.global_batch_size=64", extra).train
+        assert batching.plan_for(train, 1).micro_batch == 64 and batching.derivation_note(train, 1) is None
