@@ -64,10 +64,23 @@ def _start_time(pid: int) -> str | None:
     return "0"
 
 
+def owner_tag() -> str:
+    """``<pid namespace>-<pid>-<start time>`` of this process: what names it as the owner of a
+    segment or a folder it leaves behind if killed (:func:`owner_gone` reads it back)."""
+    pid = os.getpid()
+    return f"{_pid_namespace()}-{pid}-{_start_time(pid) or 0}"
+
+
+def owner_gone(namespace: str, pid: str, start: str) -> bool:
+    """Whether the owner named by an :func:`owner_tag` (its three parts) is gone: true only for an
+    owner of this pid namespace (a pid of another namespace, e.g. another container with the same
+    host name, says nothing here) with no live process of that pid and start time."""
+    return namespace == _pid_namespace() and pid.isdigit() and _start_time(int(pid)) != start
+
+
 def segment_name() -> str:
     """A new segment's name, naming this process as its owner (see the module docstring)."""
-    pid = os.getpid()
-    return f"{SEGMENT_PREFIX}{_pid_namespace()}-{pid}-{_start_time(pid) or 0}-{secrets.token_hex(4)}"
+    return f"{SEGMENT_PREFIX}{owner_tag()}-{secrets.token_hex(4)}"
 
 
 def remove_dead_segments(directory: str = SHM_DIR) -> list[str]:
@@ -88,7 +101,7 @@ def remove_dead_segments(directory: str = SHM_DIR) -> list[str]:
         try:
             if os.stat(path).st_uid != uid:
                 continue
-            if _start_time(int(parts[1])) == parts[2]:
+            if not owner_gone(*parts[:3]):
                 continue  # its owner is alive
             os.unlink(path)
             removed.append(name)

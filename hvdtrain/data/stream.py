@@ -26,7 +26,8 @@ bytes (downloads in flight included); spooled shards outside that window are del
 whose shard is not spooled (a shard past the bound, or a re-read such as the padding that evens out
 the ranks' batches at an epoch's end) is read by a range request: what is read never depends on
 what is spooled. The spool folder is private to the process and removed at exit; one left by a
-killed process on this host is removed by the next spool created in the same place.
+killed process on this host (same pid namespace, no live process of its pid and start time) is
+removed by the next spool created in the same place.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from hvdtrain.core import sharding
+from hvdtrain.core import processes, sharding
 from hvdtrain.data import remote
 from hvdtrain.data.errors import DataError
 from hvdtrain.data.reader import spool_name
@@ -128,7 +129,8 @@ class Spool:
         base = base or tempfile.gettempdir()
         os.makedirs(base, exist_ok=True)
         remove_dead_spools(base)
-        self.folder = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{socket.gethostname()}-{os.getpid()}-", dir=base)
+        self.folder = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{socket.gethostname()}-{processes.owner_tag()}-",
+                                       dir=base)
         self.sizes: dict[int, int] = {}
         self.jobs: dict[int, tuple[Future, threading.Event]] = {}
         self.fetched = 0          # shards downloaded whole
@@ -251,25 +253,20 @@ def _unlink_quietly(path: str) -> None:
 
 
 def remove_dead_spools(base: str) -> list[str]:
-    """Remove the spool folders under ``base`` that processes of this host left when killed."""
-    removed, host = [], socket.gethostname()
+    """Remove the spool folders under ``base`` that processes of this host left when killed: a
+    folder is named ``hvdtrain-spool-<host>-<pid namespace>-<pid>-<start time>-<random>`` after its
+    owner (:func:`hvdtrain.core.processes.owner_tag`) and removed only when that owner is gone
+    (:func:`~hvdtrain.core.processes.owner_gone`, as for shared-memory segments: never one of
+    another pid namespace, such as another container with the same host name, nor of a live process)."""
+    removed, prefix = [], f"{SPOOL_PREFIX}{socket.gethostname()}-"
     try:
         names = os.listdir(base)
     except OSError:
         return removed
     for name in names:
-        if not name.startswith(f"{SPOOL_PREFIX}{host}-"):
-            continue
-        pid = name[len(f"{SPOOL_PREFIX}{host}-"):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # alive
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
+        parts = name[len(prefix):].split("-", 3) if name.startswith(prefix) else []
+        if len(parts) != 4 or not processes.owner_gone(*parts[:3]):
+            continue  # not a spool's name, or its owner is alive or not of this pid namespace
         shutil.rmtree(os.path.join(base, name), ignore_errors=True)
         removed.append(name)
     return removed

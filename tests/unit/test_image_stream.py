@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from benchmarks import photo_tree
-from hvdtrain.core import sharding
+from hvdtrain.core import processes, sharding
 from hvdtrain.data import braces, remote
 from hvdtrain.data.convert import convert
 from hvdtrain.data.index import DataError
@@ -171,10 +171,11 @@ def test_spool_stays_within_its_bound_and_deletes_what_was_read(tmp_path):
 def test_a_killed_processs_spool_is_removed_by_the_next_one(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
-    left = tmp_path / f"{SPOOL_PREFIX}{socket.gethostname()}-{dead.pid}-abc"
+    namespace = processes.owner_tag().split("-")[0]  # folders are named after their owner (owner_tag)
+    left = tmp_path / f"{SPOOL_PREFIX}{socket.gethostname()}-{namespace}-{dead.pid}-0-abc"
     left.mkdir()
     (left / "000001-x.tar").write_bytes(b"x")
-    live = tmp_path / f"{SPOOL_PREFIX}{socket.gethostname()}-{os.getpid()}-def"
+    live = tmp_path / f"{SPOOL_PREFIX}{socket.gethostname()}-{processes.owner_tag()}-def"
     live.mkdir()
     spool = Spool([], 1 << 20, 2, str(tmp_path))
     assert not left.exists() and live.exists() and Path(spool.folder).is_dir()
