@@ -10,7 +10,8 @@ the worker (``HOROVOD_RANK``/``SIZE``/``LOCAL_RANK``/``LOCAL_SIZE``/``CROSS_RANK
 ``CROSS_SIZE``, ``HOROVOD_HOSTNAME``, ``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``PORT``,
 ``HOROVOD_CONTROLLER=gloo``, ``HOROVOD_CPU_OPERATIONS=gloo``, ``HOROVOD_GLOO_IFACE``), and task 0
 starts Horovod's own rendezvous server (``horovod.runner.http.http_server``, the one
-``horovodrun`` runs) in a thread, on the step's first node, where task 0 runs.
+``horovodrun`` runs) in a thread, on the step's first node, where task 0 runs. The rendezvous is
+:mod:`hvdtrain.launch.gloo`'s, which a ``torchrun`` job uses too (:mod:`hvdtrain.launch.torchrun`).
 
 The port is derived from the job and step ids, in 20000-29999 (:func:`rendezvous_port`), so
 every task computes the same one without talking; ``HVDTRAIN_SLURM_RENDEZVOUS_PORT`` overrides
@@ -27,23 +28,21 @@ classes are imported when task 0 starts it).
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
-import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from hvdtrain.core.errors import TrainingError
+from hvdtrain.launch import gloo
 from hvdtrain.launch.detect import launcher
+from hvdtrain.launch.gloo import SCOPE, KEY, host_alloc_plan, horovod_variables  # noqa: F401 (this module's API)
 
 PORT_BASE, PORT_SPAN = 20000, 10000  # the rendezvous port: PORT_BASE + (job * 16 + step % 16) % PORT_SPAN
 PORT_VARIABLE = "HVDTRAIN_SLURM_RENDEZVOUS_PORT"
 TIMEOUT_VARIABLE = "HVDTRAIN_SLURM_RENDEZVOUS_TIMEOUT"  # seconds a task waits for task 0's server (default 300)
-SCOPE, KEY = "hvdtrain-slurm", "step"  # where task 0's server says whose it is
 
 
 class SlurmError(TrainingError):
@@ -51,8 +50,8 @@ class SlurmError(TrainingError):
 
 
 @dataclass(frozen=True)
-class SlurmStep:
-    """One task of a Slurm job step, and the step's layout."""
+class SlurmStep(gloo.GlooJob):
+    """One task of a Slurm job step, and the step's layout (a :class:`~hvdtrain.launch.gloo.GlooJob`)."""
 
     job_id: int
     step_id: int
@@ -62,31 +61,21 @@ class SlurmStep:
     node: str  # this task's node
     nodes: list[str] = field(default_factory=list)  # the step's nodes, in Slurm's order
     tasks_per_node: list[int] = field(default_factory=list)  # tasks on each of ``nodes``
-
-    @property
-    def node_index(self) -> int:
-        return self.nodes.index(self.node)
-
-    @property
-    def local_size(self) -> int:
-        return self.tasks_per_node[self.node_index]
-
-    @property
-    def cross_size(self) -> int:
-        """Nodes with a task of this local rank (Horovod's cross communicator)."""
-        return sum(1 for n in self.tasks_per_node if n > self.local_rank)
-
-    @property
-    def cross_rank(self) -> int:
-        """This node's place among the nodes with a task of this local rank."""
-        return sum(1 for n in self.tasks_per_node[:self.node_index] if n > self.local_rank)
+    kind = "Slurm job"
+    member = "task"
+    port_variable = PORT_VARIABLE
+    timeout_variable = TIMEOUT_VARIABLE
+    where = "in the batch script"
+    error = SlurmError
 
     @property
     def port(self) -> int:
+        """Task 0's rendezvous port (:func:`rendezvous_port`)."""
         return rendezvous_port(self.job_id, self.step_id)
 
     @property
     def tag(self) -> str:
+        """``JOBID.STEPID``."""
         return f"{self.job_id}.{self.step_id}"
 
 
@@ -224,15 +213,7 @@ def expand_tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> 
 def rendezvous_timeout(environ: Mapping[str, str] | None = None) -> float:
     """``HVDTRAIN_SLURM_RENDEZVOUS_TIMEOUT`` in seconds (default 300): a finite number > 0, else a
     SlurmError naming the variable."""
-    env = os.environ if environ is None else environ
-    text = env.get(TIMEOUT_VARIABLE) or "300"
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not 0 < value <= 7 * 24 * 3600:
-        raise SlurmError(f"{TIMEOUT_VARIABLE}={text[:40]!r} is not a number of seconds in (0, 604800]")
-    return value
+    return gloo.rendezvous_timeout(SlurmStep, environ)
 
 
 def rendezvous_port(job_id: int, step_id: int, environ: Mapping[str, str] | None = None) -> int:
@@ -334,143 +315,34 @@ def check_world_size(size: int, environ: Mapping[str, str] | None = None) -> Non
 
 # -- forming the Gloo job -----------------------------------------------------------------------
 
-def _address(host: str) -> str:
-    try:
-        return socket.gethostbyname(host)
-    except OSError as e:
-        raise SlurmError(f"Slurm node {host}: its name does not resolve ({e}); task 0's rendezvous runs there")
-
-
 def network_interface(step: SlurmStep, rendezvous_address: str) -> str | None:
-    """The interface holding this node's address (its name's, else the one that routes to the
-    rendezvous); None if it cannot be told (Gloo then picks one itself)."""
-    import psutil  # Horovod's own dependency
-
-    wanted = []
-    try:
-        wanted.append(socket.gethostbyname(step.node))
-    except OSError:
-        pass
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((rendezvous_address, step.port))
-            wanted.append(probe.getsockname()[0])
-    except OSError:
-        pass
-    interfaces = psutil.net_if_addrs()
-    for address in wanted:
-        if address.startswith("127."):
-            continue
-        for name, addrs in interfaces.items():
-            if any(a.family == socket.AF_INET and a.address == address for a in addrs):
-                return name
-    return None
-
-
-def horovod_variables(step: SlurmStep, rendezvous_address: str, iface: str | None) -> dict[str, str]:
-    """What ``horovodrun --gloo`` gives a worker, from the step."""
-    env = {
-        "HOROVOD_RANK": str(step.rank), "HOROVOD_SIZE": str(step.size),
-        "HOROVOD_LOCAL_RANK": str(step.local_rank), "HOROVOD_LOCAL_SIZE": str(step.local_size),
-        "HOROVOD_CROSS_RANK": str(step.cross_rank), "HOROVOD_CROSS_SIZE": str(step.cross_size),
-        "HOROVOD_HOSTNAME": step.node,
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_address, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(step.port),
-        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-    }
-    if iface:
-        env["HOROVOD_GLOO_IFACE"] = iface
-    return env
-
-
-def host_alloc_plan(step: SlurmStep) -> list:
-    """Horovod's :class:`SlotInfo` for every task of the step (its server sizes its scopes from it)."""
-    from horovod.runner.common.util.hosts import SlotInfo
-
-    plan, rank = [], 0
-    for index, (node, count) in enumerate(zip(step.nodes, step.tasks_per_node)):
-        for local in range(count):
-            cross = [n for n in step.tasks_per_node if n > local]
-            plan.append(SlotInfo(hostname=node, rank=rank, local_rank=local,
-                                 cross_rank=sum(1 for n in step.tasks_per_node[:index] if n > local),
-                                 size=step.size, local_size=count, cross_size=len(cross)))
-            rank += 1
-    return plan
-
-
-_SERVERS: list = []  # task 0's rendezvous server, serving for the life of the process
+    """The interface holding this node's address (:func:`hvdtrain.launch.gloo.network_interface`)."""
+    return gloo.network_interface(step, rendezvous_address)
 
 
 def start_rendezvous(step: SlurmStep) -> Any:
     """Task 0: Horovod's rendezvous server on the step's port, holding the step's tag, serving in
-    a thread for the life of the process; returned (``shutdown()`` stops it)."""
-    import threading
-
-    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-
-    try:
-        server = RendezvousHTTPServer(("", step.port), RendezvousHandler, False)
-    except OSError as e:
-        raise SlurmError(f"Slurm job {step.tag}: cannot open the rendezvous port {step.port} on {step.node} ({e}); "
-                         f"set {PORT_VARIABLE} to a free port for every task (e.g. `export {PORT_VARIABLE}=2"
-                         f"{step.port % 10000:04d}` in the batch script)") from None
-    server.init(host_alloc_plan(step))
-    server.cache.setdefault(SCOPE, {})[KEY] = step.tag.encode()
-    threading.Thread(target=server.serve_forever, name="hvdtrain-slurm-rendezvous", daemon=True).start()
-    _SERVERS.append(server)
-    return server
+    a thread for the life of the process (:func:`hvdtrain.launch.gloo.start_rendezvous`)."""
+    return gloo.start_rendezvous(step)
 
 
 def wait_rendezvous(step: SlurmStep, address: str, environ: Mapping[str, str] | None = None) -> None:
-    """Every task but 0: until task 0's server answers with this step's tag (a server of another
-    job on the port is an error naming it; none within the timeout, one naming the node)."""
-    import urllib.error  # here: every process imports this module, only Slurm tasks but 0 ask
-    import urllib.request
-
-    env = os.environ if environ is None else environ
-    timeout = rendezvous_timeout(env)
-    url = f"http://{address}:{step.port}/{SCOPE}/{KEY}"
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as answer:
-                tag = answer.read().decode()
-            if tag == step.tag:
-                return
-            raise SlurmError(f"the rendezvous port {step.port} on {step.nodes[0]} is held by Slurm job {tag}, not "
-                             f"{step.tag}: set {PORT_VARIABLE} to a free port for every task")
-        except (OSError, urllib.error.URLError) as e:
-            if time.monotonic() > deadline:
-                raise SlurmError(f"Slurm task {step.rank}: task 0's rendezvous at {step.nodes[0]}:{step.port} did "
-                                 f"not answer within {timeout:.0f} s ({e}); did task 0 start (its output says why "
-                                 f"not)? {TIMEOUT_VARIABLE} sets the wait") from None
-            time.sleep(0.5)
+    """Every task but 0: until task 0's server answers with this step's tag
+    (:func:`hvdtrain.launch.gloo.wait_rendezvous`)."""
+    gloo.wait_rendezvous(step, address, environ)
 
 
 def prepare_slurm_step(step: SlurmStep, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Turn this task of ``step`` into a Horovod Gloo worker: task 0 starts the rendezvous, the
-    others wait for it; Horovod's variables are set in ``environ`` (default ``os.environ``;
-    variables the user set already, such as ``HOROVOD_GLOO_IFACE``, are kept). Returns them."""
+    """Turn this task of ``step`` into a Horovod Gloo worker (:func:`hvdtrain.launch.gloo.join`):
+    task 0 starts the rendezvous, the others wait for it; Horovod's variables are set in
+    ``environ`` (default ``os.environ``; variables the user set already, such as
+    ``HOROVOD_GLOO_IFACE``, are kept). Returns them."""
     env = os.environ if environ is None else environ
     rendezvous_timeout(env)  # a bad value is named before task 0 serves or the others wait
     if step.rank == 0 and step.node != step.nodes[0]:
         raise SlurmError(f"Slurm task 0 runs on {step.node}, not on the step's first node {step.nodes[0]}: use "
                          f"srun's default block or cyclic distribution")
-    address = _address(step.nodes[0])
-    if step.rank == 0:
-        start_rendezvous(step)
-    else:
-        wait_rendezvous(step, address, env)
-    variables = horovod_variables(step, address, env.get("HOROVOD_GLOO_IFACE") or network_interface(step, address))
-    # srun starts the tasks of different nodes at different times (imports from a shared file
-    # system can take minutes): Gloo's own wait for every rank (30 s by default) gets the
-    # rendezvous timeout, unless the user set it
-    variables["HOROVOD_GLOO_TIMEOUT_SECONDS"] = env.get("HOROVOD_GLOO_TIMEOUT_SECONDS") or str(
-        int(rendezvous_timeout(env)))
-    for name in ("HOROVOD_GLOO_IFACE",):
-        if env.get(name):
-            variables[name] = env[name]
-    env.update(variables)
-    return variables
+    return gloo.join(step, env)
 
 
 def lone_slurm_process(environ: Mapping[str, str] | None = None) -> bool:
