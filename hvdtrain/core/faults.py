@@ -15,7 +15,10 @@ Set ``HVDTRAIN_FAULT`` to one or more comma-separated faults, ``KIND[:rank=R][:s
   start is agreed), if it is rank R then: a worker lost before the job's first sync.
 
 Without the variable every function here is a no-op. The training loop fires them through the
-:class:`FaultInjection` callback, before each micro-batch's train step.
+:class:`FaultInjection` callback, before each micro-batch's train step. The variable is read when a
+run starts (or at the first fault check), not when this module is imported: a value that is not
+of this form stops the run with one line naming ``HVDTRAIN_FAULT`` and the forms allowed, and a
+command that runs no training ignores it.
 """
 
 from __future__ import annotations
@@ -60,40 +63,56 @@ class Fault:
         return step >= self.step if kind == "slow" else step == self.step
 
 
+VARIABLE = "HVDTRAIN_FAULT"
+FORM = "KIND[:rank=N][:step=N][:ms=N][:size=N], comma-separated"
+
+
 def parse_faults(text: str | None) -> list[Fault]:
-    """Parse the ``HVDTRAIN_FAULT`` syntax; an unknown kind or field is a ValueError naming it."""
+    """Parse the ``HVDTRAIN_FAULT`` syntax; an unknown kind or field is a one-line ValueError
+    naming the variable, the bad part and the allowed forms."""
     faults = []
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         kind, *fields = item.split(":")
         if kind not in KINDS:
-            raise ValueError(f"HVDTRAIN_FAULT: unknown fault {kind!r}; choose one of: {', '.join(KINDS)}")
+            raise ValueError(f"{VARIABLE}: unknown fault {kind[:80]!r}; use {FORM}, KIND one of: {', '.join(KINDS)}")
         values: dict[str, int] = {}
         for field in fields:
             key, _, value = field.partition("=")
-            if key not in FIELDS or not value.isdigit():
-                raise ValueError(f"HVDTRAIN_FAULT: bad field {field!r} in {item!r}; use rank=N, step=N, ms=N or size=N")
+            if key not in FIELDS or not value.isdigit() or len(value) > 18:
+                raise ValueError(f"{VARIABLE}: bad field {field[:80]!r} in {item[:120]!r}; use {FORM} "
+                                 f"(rank=N, step=N, ms=N or size=N)")
             values[key] = int(value)
         faults.append(Fault(kind, **values))
     return faults
 
 
-_FAULTS = parse_faults(os.environ.get("HVDTRAIN_FAULT"))
+# Read at first use (a run's start, FaultInjection.on_train_begin), never at import: a bad value is
+# then the run's one-line error, and commands that inject no faults (hvdtrain recipes) never read it.
+_FAULTS: list[Fault] | None = None
 
 
 def load_faults() -> None:
-    """Read ``HVDTRAIN_FAULT`` again (a run started in-process after the variable was set)."""
+    """Read ``HVDTRAIN_FAULT`` again (a run started in-process after the variable was set); a bad
+    value is a one-line ValueError naming it (:func:`parse_faults`)."""
     global _FAULTS
-    _FAULTS = parse_faults(os.environ.get("HVDTRAIN_FAULT"))
+    _FAULTS = parse_faults(os.environ.get(VARIABLE))
+
+
+def _faults() -> list[Fault]:
+    """The faults set, read from ``HVDTRAIN_FAULT`` at the first use."""
+    if _FAULTS is None:
+        load_faults()
+    return _FAULTS or []
 
 
 def active(kind: str, rank: int, step: int, size: int | None = None) -> bool:
     """True if a fault of ``kind`` is set for this rank and step (in a job of ``size`` workers)."""
-    return any(f.matches(kind, rank, step, size) for f in _FAULTS)
+    return any(f.matches(kind, rank, step, size) for f in _faults())
 
 
 def before_step(rank: int, step: int, size: int | None = None) -> None:
     """Fire ``raise``, ``kill``, ``hang`` or ``slow`` faults due before global step ``step``."""
-    for fault in _FAULTS:
+    for fault in _faults():
         if fault.matches("slow", rank, step, size):
             time.sleep(fault.ms / 1000)
     if active("raise", rank, step, size):
@@ -107,7 +126,7 @@ def before_step(rank: int, step: int, size: int | None = None) -> None:
 
 def crash_before_publish(step: int) -> None:
     """Exit at once, leaving a checkpoint written but not renamed into place."""
-    if any(f.kind == "crash-in-checkpoint" and (f.step is None or step >= f.step) for f in _FAULTS):
+    if any(f.kind == "crash-in-checkpoint" and (f.step is None or step >= f.step) for f in _faults()):
         os._exit(17)
 
 
@@ -118,7 +137,7 @@ def at_first_sync(rank: int) -> None:
     """Fire ``kill-at-sync`` (rank ``rank`` now) when this process enters its first elastic sync."""
     global _synced
     first, _synced = not _synced, True
-    if first and any(f.kind == "kill-at-sync" and f.rank in (None, rank) for f in _FAULTS):
+    if first and any(f.kind == "kill-at-sync" and f.rank in (None, rank) for f in _faults()):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
