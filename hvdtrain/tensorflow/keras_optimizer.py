@@ -14,6 +14,7 @@ from typing import Any
 
 import keras
 
+from hvdtrain.core.config_error import ConfigError
 from hvdtrain.tensorflow import keras_exchange
 
 
@@ -79,12 +80,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, compression: Any
         raise TypeError(f"DistributedOptimizer: {type(optimizer).__name__} is not a Keras 3 optimizer "
                         f"(keras.optimizers.Optimizer)")
     if isinstance(optimizer, _Distributed):
-        raise ValueError(f"DistributedOptimizer: {type(optimizer).__name__} {optimizer.name!r} is already distributed")
+        raise ConfigError(f"DistributedOptimizer: {type(optimizer).__name__} {optimizer.name!r} is already distributed")
     policy = keras.mixed_precision.global_policy().name
     if policy == "mixed_float16" and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise ValueError(f"DistributedOptimizer: under the dtype policy {policy!r} pass "
-                         f"keras.optimizers.LossScaleOptimizer({type(optimizer).__name__}(...)), not "
-                         f"{type(optimizer).__name__}: Keras would wrap it outside the averaging")
+        raise ConfigError(f"DistributedOptimizer: under the dtype policy {policy!r} pass "
+                          f"keras.optimizers.LossScaleOptimizer({type(optimizer).__name__}(...)), not "
+                          f"{type(optimizer).__name__}: Keras would wrap it outside the averaging")
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     checked = keras_exchange.check(compression, op, config, getattr(inner, "gradient_accumulation_steps", None),
                                    inner is not optimizer)
@@ -107,7 +108,7 @@ class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, after: Any, warmup_steps: int, start: float = 0.0):
         if int(warmup_steps) < 1:
-            raise ValueError(f"WarmUp: warmup_steps={warmup_steps!r} must be at least 1")
+            raise ConfigError(f"WarmUp: warmup_steps={warmup_steps!r} must be at least 1")
         self.after, self.warmup_steps, self.start = after, int(warmup_steps), float(start)
 
     def __call__(self, step: Any) -> Any:
