@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from hvdtrain.core import compression_state
 from hvdtrain.core.checkpoint import CheckpointError, CheckpointManager
+from hvdtrain.core.config_error import ConfigError
 from hvdtrain.tensorflow.adapter import offset_seed_states
 from hvdtrain.tensorflow.checkpoint import MODEL_FILE, OPTIMIZER_FILE, load_variables, save_variables
 from hvdtrain.tensorflow.compression import tf_variables
@@ -111,7 +112,7 @@ class Checkpoints(keras.callbacks.Callback):
     def __init__(self, directory: str | Path, every: int = 1, keep_last: int = 3):
         super().__init__()
         if int(every) < 1:
-            raise ValueError(f"Checkpoints: every={every!r} must be at least 1")
+            raise ConfigError(f"Checkpoints: every={every!r} must be at least 1")
         self.manager = CheckpointManager(directory, keep_last=keep_last)
         self.manager.required = (MODEL_FILE, OPTIMIZER_FILE)
         self.manager.framework = "tensorflow"
@@ -133,26 +134,14 @@ class Checkpoints(keras.callbacks.Callback):
         overwritten)."""
         optimizer = _optimizer_built(model)  # the same variables the checkpoint was written from
         if optimizer is None:
-            raise ValueError("Checkpoints.restore: the model has no optimizer; call model.compile(optimizer=...) first")
+            raise ConfigError("Checkpoints.restore: the model has no optimizer; call model.compile(optimizer=...) "
+                              "first")
         found, problem, path, world_size = None, None, None, hvd.size()
         if hvd.rank() == 0:
-            self.manager.remove_temporaries()  # what a killed writer left
-            problems: list[str] = []
-            latest = self.manager.latest(problems)
-            if latest is not None and not resume:
-                problem = (f"{self.directory} already holds checkpoint {latest.path.name}: resume from it "
-                           f"(--resume) or choose another directory; nothing was overwritten")
-            elif latest is not None:
-                if latest.manifest.get("kind") != KIND:
-                    problem = f"{latest.path} was not written by hvdtrain.keras.Checkpoints; not resuming from it"
-                else:
-                    try:
-                        load_variables(latest.path / MODEL_FILE, model.variables)
-                        load_variables(latest.path / OPTIMIZER_FILE, optimizer.variables)
-                        found, path = latest.epoch, str(latest.path)
-                        world_size = int(latest.manifest.get("world_size", world_size))
-                    except ValueError as exc:
-                        problem = str(exc)
+            try:
+                found, problem, path, world_size = self._read_latest(model, optimizer, resume, world_size)
+            except Exception as exc:  # noqa: BLE001 - whatever rank 0 meets, every rank hears of it, none waits
+                problem = f"{self.directory}: cannot look for a checkpoint to resume ({type(exc).__name__}: {exc})"
         found, problem, path, world_size = hvd.broadcast_object((found, problem, path, world_size), root_rank=0,
                                                                 name="hvdtrain.keras.restore")
         if problem is not None:
@@ -164,6 +153,37 @@ class Checkpoints(keras.callbacks.Callback):
         _RESTORED.add(model)
         self.restored = True
         return int(found or 0)
+
+    def _read_latest(self, model: keras.Model, optimizer: keras.optimizers.Optimizer, resume: bool,
+                     world_size: int) -> tuple[int | None, str | None, str | None, int]:
+        """Rank 0's half of :meth:`restore`: ``(epochs, problem, path, world_size)`` of the newest
+        checkpoint loaded into ``model`` and ``optimizer``, or the one-line problem that stops every
+        rank. A checkpoint whose checksums match but whose files cannot be read as this model's
+        variables (a truncated or foreign ``.npz``: ``BadZipFile``, ``TypeError``, ``KeyError``...)
+        is a problem naming it, not an exception on rank 0 alone."""
+        self.manager.remove_temporaries()  # what a killed writer left
+        latest = self.manager.latest([])
+        if latest is None:
+            return None, None, None, world_size
+        if not resume:
+            return None, (f"{self.directory} already holds checkpoint {latest.path.name}: resume from it "
+                          f"(Checkpoints.restore(model, resume=True)) or give Checkpoints another directory; "
+                          f"nothing was overwritten"), None, world_size
+        if latest.manifest.get("kind") != KIND:
+            return None, f"{latest.path} was not written by hvdtrain.keras.Checkpoints; not resuming from it", \
+                None, world_size
+        try:
+            load_variables(latest.path / MODEL_FILE, model.variables)
+            load_variables(latest.path / OPTIMIZER_FILE, optimizer.variables)
+        except (ValueError, CheckpointError) as exc:  # the reader's own line (another model's variables)
+            problem = str(exc)
+            return None, problem if str(latest.path) in problem else f"checkpoint {latest.path}: {problem}", \
+                None, world_size
+        except Exception as exc:  # noqa: BLE001 - a file that passed its checksum but is not what it claims
+            return None, (f"checkpoint {latest.path}: its files match their checksums but cannot be read as this "
+                          f"model's variables ({type(exc).__name__}: {exc}); move it aside to resume from the "
+                          f"one before"), None, world_size
+        return latest.epoch, None, str(latest.path), int(latest.manifest.get("world_size", world_size))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         """Note ``fit``'s epoch count (its last epoch is always checkpointed); without a

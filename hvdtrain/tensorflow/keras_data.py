@@ -8,6 +8,7 @@ workers, so that it may also resume on another one.
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -15,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.core.batching import dividing_world_sizes
+from hvdtrain.core.config_error import ConfigError
 
 EPOCHS_AHEAD = 1 << 31  # batches() is endless in practice: fit's epochs and steps_per_epoch end it
 
@@ -23,23 +25,31 @@ def _world(rank: int | None, size: int | None, caller: str = "shard") -> tuple[i
     rank = hvd.rank() if rank is None else int(rank)
     size = hvd.size() if size is None else int(size)
     if size < 1 or not 0 <= rank < size:
-        raise ValueError(f"{caller}: rank={rank!r}, size={size!r}: need 0 <= rank < size")
+        raise ConfigError(f"{caller}: rank={rank!r}, size={size!r}: need 0 <= rank < size")
     return rank, size
 
 
 def shard(data: Any, rank: int | None = None, size: int | None = None) -> Any:
-    """This worker's share of ``data``, by ``tf.data.Dataset.shard(size, rank)``'s rule: the
-    elements ``rank, rank + size, rank + 2 size, ...`` (``rank``/``size``: Horovod's by default).
+    """This worker's share of ``data``, by ``tf.data.Dataset.shard(size, rank)``'s rule, every
+    worker the same number of elements: of ``n`` elements the first ``n - n % size`` are dealt, the
+    elements ``rank, rank + size, rank + 2 size, ...`` (``rank``/``size``: Horovod's by default),
+    and the last ``n % size`` are left out (rank 0 says so in one line). Workers with shares one
+    element apart would run a different number of steps, and the one with a step more would wait
+    for the others forever at the epoch's end.
 
-    ``data``: a ``tf.data.Dataset`` (returned as ``data.shard(size, rank)``; shard before shuffling,
-    batching and augmenting, so each worker reads its own files or rows), or a NumPy array, or a
-    tuple, list or dict of arrays of one length (the same rows of each, the same structure back).
-    With ``len % size`` left over, the first workers get one element more; for
-    :class:`~hvdtrain.keras.MetricAverageCallback` and equal steps per epoch, give every worker the
-    same number of batches (:func:`batches` drops the incomplete one)."""
+    ``data``: a ``tf.data.Dataset`` (returned as ``data.take(n - n % size).shard(size, rank)``),
+    or a NumPy array, or a tuple, list or dict of arrays of one length (the same rows of each, the
+    same structure back). A dataset is sharded before shuffling, batching and augmenting, so that
+    each worker reads its own files or rows: one that shuffles (or samples at random, or maps
+    without a deterministic order) upstream of this point is refused, since every worker would
+    deal from its own permutation (the shares would overlap and miss elements); so is one whose
+    length tf.data cannot tell (its cardinality UNKNOWN, as after ``filter`` or from records read
+    from files: declare it with ``ds.apply(tf.data.experimental.assert_cardinality(n))``, or shard
+    the file names). An endless dataset (``repeat()``) is dealt as it is: give ``fit`` its
+    ``steps_per_epoch``."""
     rank, size = _world(rank, size)
     if isinstance(data, tf.data.Dataset):
-        return data.shard(size, rank)
+        return _shard_dataset(data, rank, size)
     leaves = [data] if isinstance(data, np.ndarray) else list(data.values()) if isinstance(data, dict) \
         else list(data) if isinstance(data, (tuple, list)) else None
     if not leaves or not all(isinstance(a, np.ndarray) for a in leaves):
@@ -47,12 +57,61 @@ def shard(data: Any, rank: int | None = None, size: int | None = None) -> Any:
                         f"list or dict of NumPy arrays")
     lengths = {len(a) for a in leaves}
     if len(lengths) != 1:
-        raise ValueError(f"shard: the arrays have different lengths {sorted(lengths)}")
+        raise ConfigError(f"shard: the arrays have different lengths {sorted(lengths)}")
+    dealt = slice(rank, _equal_part(lengths.pop(), size, rank, "rows"), size)
     if isinstance(data, np.ndarray):
-        return data[rank::size]
+        return data[dealt]
     if isinstance(data, dict):
-        return {k: v[rank::size] for k, v in data.items()}
-    return type(data)(a[rank::size] for a in data)
+        return {k: v[dealt] for k, v in data.items()}
+    return type(data)(a[dealt] for a in data)
+
+
+def _equal_part(n: int, size: int, rank: int, what: str) -> int:
+    """How many of ``n`` elements ``size`` workers share equally (``n - n % size``); rank 0 notes the
+    ones left out, in one line."""
+    kept = n - n % size
+    if kept != n and rank == 0:
+        print(f"hvdtrain: note: shard: {n:,} {what} on {size} workers: the last {n - kept} left out, so that every "
+              f"worker gets {kept // size:,} and all take the same number of steps", file=sys.stderr, flush=True)
+    return kept
+
+
+# tf.data's datasets (class names) that order their elements anew in each process
+_REORDERING = {"_ShuffleDataset": "shuffle()", "_ShuffleAndRepeatDataset": "shuffle_and_repeat()",
+               "_RandomDataset": "Dataset.random() (sample_from_datasets draws from it)"}
+
+
+def _shard_dataset(data: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
+    """:func:`shard` of a ``tf.data.Dataset``: refused when upstream of here the order differs per
+    process, or its length is unknown; else every worker an equal share."""
+    pending, seen = [data], set()
+    while pending:  # the dataset's graph of inputs, from this point up to its sources
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        name = type(node).__name__
+        why = _REORDERING.get(name) or ("map(..., deterministic=False)"
+                                        if getattr(node, "_deterministic", None) == "false" else None)
+        if why is not None:
+            raise ConfigError(f"shard: the dataset is reordered before the shard point ({name}: {why}), so each "
+                              f"worker would take its share of its own order (the shares would overlap and miss "
+                              f"elements); shard first, then shuffle: hk.shard(ds).shuffle(...) (and "
+                              f"Dataset.list_files(..., shuffle=False))")
+        pending.extend(node._inputs())
+    if data.options().deterministic is False:
+        raise ConfigError("shard: the dataset's options set deterministic=False, so each worker would take its "
+                          "share of its own order; shard first, then set the option on each share")
+    n = int(data.cardinality())
+    if n == tf.data.INFINITE_CARDINALITY:
+        return data.shard(size, rank)
+    if n == tf.data.UNKNOWN_CARDINALITY:
+        raise ConfigError("shard: tf.data cannot tell the dataset's length (cardinality UNKNOWN: after filter(), or "
+                          "records read from files), so the workers' shares cannot be made equal (one with a step "
+                          "more waits forever at the epoch's end); declare it with "
+                          "ds.apply(tf.data.experimental.assert_cardinality(N)), or shard the file names")
+    kept = _equal_part(n, size, rank, "elements")
+    return (data if kept == n else data.take(kept)).shard(size, rank)
 
 
 def batches(x: Any, y: Any = None, batch_size: int | None = None, *, global_batch_size: int | None = None,
@@ -84,8 +143,8 @@ def batches(x: Any, y: Any = None, batch_size: int | None = None, *, global_batc
     rows = int(tf.nest.flatten(tensors)[0].shape[0])
     if global_batch_size is not None:
         if batch_size is not None:
-            raise ValueError(f"batches: batch_size={batch_size!r} (per worker) and global_batch_size="
-                             f"{global_batch_size!r} (all workers together) exclude each other; give one of them")
+            raise ConfigError(f"batches: batch_size={batch_size!r} (per worker) and global_batch_size="
+                              f"{global_batch_size!r} (all workers together) exclude each other; give one of them")
         rank, size = _world(rank, size, "batches")
         g = int(global_batch_size)
         _check_global(g, rows, size)
@@ -95,12 +154,12 @@ def batches(x: Any, y: Any = None, batch_size: int | None = None, *, global_batc
         steps = rows // g
     else:
         if rank is not None or size is not None:
-            raise ValueError(f"batches: rank={rank!r}, size={size!r} go with global_batch_size only (batch_size "
-                             f"batches the rows this worker was given: its shard(...))")
+            raise ConfigError(f"batches: rank={rank!r}, size={size!r} go with global_batch_size only (batch_size "
+                              f"batches the rows this worker was given: its shard(...))")
         g, take = int(32 if batch_size is None else batch_size), slice(None)
         steps = rows // g if g >= 1 else 0
         if steps < 1:
-            raise ValueError(f"batches: batch_size={g!r} needs 1 <= batch_size <= the {rows} rows given")
+            raise ConfigError(f"batches: batch_size={g!r} needs 1 <= batch_size <= the {rows} rows given")
         if hvd.size() > 1:  # every worker takes as many steps as the one with the fewest rows (else one waits forever)
             steps = int(hvd.allreduce(tf.constant(steps, tf.int64), op=hvd.Min, name="hvdtrain.keras.batches").numpy())
 
@@ -122,11 +181,11 @@ def _check_global(global_batch_size: int, rows: int, size: int) -> None:
     Trainer's rule, :func:`hvdtrain.core.batching.dividing_world_sizes`) or that ``rows`` cannot fill."""
     g = global_batch_size
     if not 1 <= g <= rows:
-        raise ValueError(f"batches: global_batch_size={g!r} needs 1 <= global_batch_size <= the {rows} rows given")
+        raise ConfigError(f"batches: global_batch_size={g!r} needs 1 <= global_batch_size <= the {rows} rows given")
     if g % size:
         sizes = ", ".join(map(str, dividing_world_sizes(g)))
-        raise ValueError(f"batches: global_batch_size={g} cannot be shared equally by {size} workers; launch "
-                         f"{sizes} workers (the world sizes that divide {g}), or change global_batch_size")
+        raise ConfigError(f"batches: global_batch_size={g} cannot be shared equally by {size} workers; launch "
+                          f"{sizes} workers (the world sizes that divide {g}), or change global_batch_size")
 
 
 def _check_same_rows(data: Any, rows: int, global_batch_size: int) -> None:
@@ -140,6 +199,6 @@ def _check_same_rows(data: Any, rows: int, global_batch_size: int) -> None:
     everyone = hvd.allgather(tf.constant([mine], tf.int64), name="hvdtrain.keras.batches.rows").numpy().tolist()
     if any(other != everyone[0] for other in everyone):
         counts = ", ".join(f"worker {r}: {n} rows" for r, (n, _) in enumerate(everyone))
-        raise ValueError(f"batches: global_batch_size={global_batch_size} takes the whole arrays, the same on "
-                         f"every worker, but the workers gave different rows ({counts}); pass the arrays before "
-                         f"shard(...), or use batch_size= (per worker) for sharded data")
+        raise ConfigError(f"batches: global_batch_size={global_batch_size} takes the whole arrays, the same on "
+                          f"every worker, but the workers gave different rows ({counts}); pass the arrays before "
+                          f"shard(...), or use batch_size= (per worker) for sharded data")

@@ -25,10 +25,11 @@ def horovod(monkeypatch):
     hvd.init()
 
 
-def test_shard_keeps_the_elements_dataset_shard_keeps():
+def test_shard_keeps_the_elements_dataset_shard_keeps_of_an_equal_part():
     x, y = np.arange(11 * 2).reshape(11, 2), np.arange(11)
     for rank in range(3):
-        want = [int(v) for v in tf.data.Dataset.from_tensor_slices(y).shard(3, rank).as_numpy_iterator()]
+        dealt = tf.data.Dataset.from_tensor_slices(y[:9])  # the 11 % 3 = 2 left over are left out
+        want = [int(v) for v in dealt.shard(3, rank).as_numpy_iterator()]
         sx, sy = hk.shard((x, y), rank=rank, size=3)
         assert sy.tolist() == want and sx[:, 1].tolist() == [2 * v + 1 for v in want]
         assert hk.shard({"a": y}, rank=rank, size=3)["a"].tolist() == want
@@ -246,3 +247,95 @@ def test_powersgd_runs_in_the_optimizer_and_its_state_resumes_exactly(tmp_path):
     assert int(exchange_of(again).steps.numpy()) == 16
     for a, b in zip(model.variables + optimizer.variables, resumed.variables + again.variables):
         np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+
+
+def test_shard_gives_every_worker_as_many_elements(capsys):
+    """issue 61, item 5: 4,097 samples on 2 workers were 2,049 and 2,048, so rank 0 ran a step more at
+    the epoch's end and waited there forever; now every worker gets 2,048 (the last sample left out,
+    rank 0 says so in one line), from arrays and from a dataset alike."""
+    y = np.arange(4097)
+    shares = [hk.shard(y, rank=r, size=2) for r in range(2)]
+    datasets = [list(hk.shard(tf.data.Dataset.from_tensor_slices(y), r, 2).as_numpy_iterator()) for r in range(2)]
+    for share in (shares, datasets):
+        assert [len(s) for s in share] == [2048, 2048]
+        assert sorted(np.concatenate(share).tolist()) == list(range(4096))
+    batched = [hk.shard(tf.data.Dataset.from_tensor_slices(y), r, 2).batch(64) for r in range(2)]
+    assert [len(list(b)) for b in batched] == [32, 32]  # the same number of steps
+    notes = capsys.readouterr().err.splitlines()
+    assert notes.count("hvdtrain: note: shard: 4,097 rows on 2 workers: the last 1 left out, so that every worker "
+                       "gets 2,048 and all take the same number of steps") == 1  # rank 0 only
+    assert len(notes) == 3 and notes[1].startswith("hvdtrain: note: shard: 4,097 elements on 2 workers")
+    assert hk.shard({"a": np.arange(6)}, rank=1, size=3)["a"].tolist() == [1, 4]  # even: nothing left out
+    assert capsys.readouterr().err == ""
+    endless = hk.shard(tf.data.Dataset.range(5).repeat(), 1, 2)  # repeat(): dealt as it is
+    assert [int(v) for v in endless.take(4)] == [1, 3, 0, 2]
+    known = tf.data.Dataset.range(7).filter(lambda v: v >= 0).apply(tf.data.experimental.assert_cardinality(7))
+    assert [int(v) for v in hk.shard(known, 0, 2)] == [0, 2, 4]
+
+
+def test_shard_refuses_a_dataset_ordered_per_process_or_of_unknown_length():
+    """issue 61, item 5: hk.shard(ds.shuffle(...).batch(...)) gave the workers overlapping shares (each
+    its own permutation); a dataset reordered upstream of the shard point, or whose length tf.data
+    cannot tell (no equal shares), is refused in one line saying what to do."""
+    from hvdtrain.core.config import ConfigError
+
+    rows = tf.data.Dataset.range(10)
+    reordered = [
+        (r"_ShuffleDataset: shuffle\(\)", rows.shuffle(10).batch(2)),  # the review's hk.shard(ds.shuffle().batch())
+        (r"_ShuffleDataset: shuffle\(\)", tf.data.Dataset.zip((rows, rows.shuffle(10, seed=1)))),
+        (r"_RandomDataset: Dataset.random\(\)", tf.data.Dataset.sample_from_datasets([rows, rows])),
+        (r"_ParallelMapDataset: map\(\.\.\., deterministic=False\)",
+         rows.map(lambda v: v + 1, num_parallel_calls=2, deterministic=False)),
+    ]
+    for why, dataset in reordered:
+        with pytest.raises(ConfigError, match=rf"^shard: the dataset is reordered before the shard point \({why}.*\), "
+                                              rf"so each worker .*; shard first, then shuffle"):
+            hk.shard(dataset, 0, 2)
+    options = tf.data.Options()
+    options.deterministic = False
+    with pytest.raises(ConfigError, match="^shard: the dataset's options set deterministic=False"):
+        hk.shard(rows.with_options(options), 0, 2)
+    with pytest.raises(ConfigError, match=r"^shard: tf.data cannot tell the dataset's length \(cardinality UNKNOWN.*"
+                                          r"assert_cardinality\(N\)\), or shard the file names$"):
+        hk.shard(rows.filter(lambda v: v % 3 > 0), 0, 2)
+    assert [int(v) for v in hk.shard(rows, 1, 2).shuffle(5, seed=0)] != []  # shard first, then shuffle: fine
+
+
+def _rewrite_checksummed(folder, name, payload):
+    """``folder/name`` replaced by ``payload`` with its manifest's SHA-256 updated: damage the
+    checksums cannot see (a crafted or miswritten checkpoint)."""
+    import hashlib
+    import json
+
+    (folder / name).write_bytes(payload)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"][name] = hashlib.sha256(payload).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_restore_of_a_checksummed_but_malformed_checkpoint_is_one_checkpoint_error(tmp_path):
+    """issue 63, item 13: files that match their checksums but are not what they claim (a truncated
+    .npz, one whose paths are numbers, one holding text where the weights are numbers) are a
+    one-line CheckpointError naming the checkpoint (the text one was NumPy's bare "could not convert
+    string to float" before). That every rank raises it, none left waiting for rank 0's broadcast,
+    is tests/distributed/test_keras_fit.py's 2-rank job."""
+    import io
+
+    x, y = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32), np.ones((8, 2), np.float32)
+    model = _model()
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[hk.Checkpoints(tmp_path / "ckpt")])
+    folder = tmp_path / "ckpt" / "epoch-0001"
+    whole = (folder / "optimizer.npz").read_bytes()
+    numbers, words = io.BytesIO(), io.BytesIO()
+    with np.load(folder / "model_variables.npz", allow_pickle=False) as saved:
+        arrays = {k: saved[k] for k in saved.files}
+    np.savez(numbers, **{**arrays, "paths": np.arange(len(arrays) - 1)})
+    first = sorted(k for k in arrays if k != "paths")[0]
+    np.savez(words, **{**arrays, first: np.full(arrays[first].shape, "w")})  # the right shape, text for numbers
+    for name, payload in (("optimizer.npz", whole[:len(whole) // 2]), ("model_variables.npz", numbers.getvalue()),
+                          ("model_variables.npz", words.getvalue())):
+        _rewrite_checksummed(folder, name, payload)
+        with pytest.raises(CheckpointError) as refused:
+            hk.Checkpoints(tmp_path / "ckpt").restore(_model(), resume=True)
+        message = str(refused.value)
+        assert str(folder) in message and "\n" not in message, message
