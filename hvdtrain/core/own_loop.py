@@ -65,7 +65,14 @@ def refusal(config: Any) -> str | None:
 @dataclass
 class DataPosition:
     """Where a worker stands in an epoch-based pass over ``num_samples`` samples, and the batches it
-    trains on from there (``rank`` of ``size`` workers, ``batch_size`` per worker)."""
+    trains on from there (``rank`` of ``size`` workers, ``batch_size`` per worker).
+
+    Each ``iter()`` of the loader starts a pass (:meth:`plan`) at the position counted so far, as a
+    ``DataLoader``'s ``iter()`` starts one. A batch handed out (:meth:`hand_out`) counts as consumed
+    (:meth:`count`) once the loop comes back for the next batch, or an optimizer update is taken
+    after it, or its pass ends: a pass started only to look at a batch (``next(iter(run.data))``)
+    and abandoned consumes nothing, and a checkpoint written after the update on a batch resumes
+    after it."""
 
     num_samples: int
     batch_size: int
@@ -79,42 +86,66 @@ class DataPosition:
     consumed: int = 0  # samples of this epoch's order consumed, all workers together
     planned: list[np.ndarray] = field(default_factory=list)  # the batches of the pass under way
     taken: int = 0  # how many of them were handed out
+    counted: int = 0  # how many of them count in ``consumed``
+    passes: int = 0  # passes started: a pass that is no longer the newest hands out nothing more
+    resumed: bool = False  # resumed inside an epoch, and no batch counted since (see :attr:`draws`)
 
     def plan(self) -> list[np.ndarray]:
         """The batches this worker trains on from the current position to the epoch's end (what
-        :func:`hvdtrain.core.sharding.train_shard` deals from ``consumed`` on), and start that pass."""
+        :func:`hvdtrain.core.sharding.train_shard` deals from ``consumed`` on), and start that pass
+        (the newest: an earlier pass's batches no longer count)."""
         indices = sharding.train_shard(self.num_samples, self.rank, self.size, self.epoch, self.seed,
                                        self.shuffle, self.remainder, start=self.consumed)
         batches = sharding.batches(indices, self.batch_size)
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches = batches[:-1]
-        self.planned, self.taken = batches, 0
+        self.planned, self.taken, self.counted = batches, 0, 0
+        self.passes += 1
         return batches
 
-    def advance(self) -> None:
-        """One batch of the planned pass was handed out: it counts as consumed."""
-        self.consumed += len(self.planned[self.taken]) * self.size
+    def hand_out(self) -> None:
+        """One more batch of the newest pass was handed out (it counts at :meth:`count`)."""
         self.taken += 1
 
+    def count(self) -> None:
+        """The batches of the newest pass handed out so far count as consumed (the loop came back for
+        the next one, or an optimizer update used them)."""
+        for batch in self.planned[self.counted:self.taken]:
+            self.consumed += len(batch) * self.size
+        if self.taken > self.counted:
+            self.resumed = False
+        self.counted = self.taken
+
     @property
-    def finished(self) -> bool:
-        """Whether every batch of the planned pass was handed out."""
-        return self.taken >= len(self.planned)
+    def draws(self) -> bool:
+        """Whether a pass started now draws its ``DataLoader`` iterator's seed from the global random
+        stream as a plain ``DataLoader`` does: not for a pass that continues a checkpoint inside an
+        epoch (the run that wrote it drew that number when the epoch's first pass started, before
+        the random state the checkpoint holds; drawing it again would shift every later dropout mask)."""
+        return not self.resumed
 
     def end_epoch(self) -> None:
         """The pass reached the epoch's end: the next one starts the next epoch."""
-        self.epoch, self.consumed, self.planned, self.taken = self.epoch + 1, 0, [], 0
+        self.epoch, self.consumed, self.planned, self.taken, self.counted = self.epoch + 1, 0, [], 0, 0
+        self.resumed = False
 
     def position(self, step: int) -> Position:
-        """The position to checkpoint after optimizer update ``step``: an epoch whose last batch was
-        handed out counts as completed."""
-        if self.planned and self.finished:
+        """The position to checkpoint after optimizer update ``step``: an epoch whose every batch
+        counts as consumed counts as completed."""
+        if self.planned and self.counted >= len(self.planned):
             return Position(self.epoch + 1, 0, step)
         return Position(self.epoch, self.consumed, step)
 
     def resume_at(self, position: Position) -> None:
         """Continue at ``position`` (from a checkpoint, written at any world size)."""
-        self.epoch, self.consumed, self.planned, self.taken = position.epoch, position.consumed, [], 0
+        self.epoch, self.consumed, self.planned, self.taken, self.counted = position.epoch, position.consumed, [], 0, 0
+        self.resumed = position.consumed > 0
+
+    @property
+    def epoch_samples(self) -> int:
+        """The length of an epoch's order at this world size (the samples, padded or trimmed per
+        ``remainder`` to a multiple of ``size``): a position at most this far into it is inside the data."""
+        return sharding.shard_size(self.num_samples, self.size, self.remainder) * self.size
 
     def __len__(self) -> int:
         """Batches per epoch at this world size, from the epoch's start."""

@@ -6,10 +6,12 @@ hands back for the ``data`` it was given; it replaces ``DistributedSampler`` and
 
 from __future__ import annotations
 
+import zlib
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler,
+                              TensorDataset)
 
 from hvdtrain.core.config import ConfigError
 from hvdtrain.core.errors import type_name
@@ -67,9 +69,18 @@ class _Planned(torch.utils.data.Sampler):
 
 class PositionedLoader:
     """Iterate it once per epoch as a ``DataLoader``: this worker's batches of the epoch from the
-    current position. Each batch counts as consumed when it is handed out (a checkpoint written
-    while training on it resumes after it); a pass that runs to its end completes the epoch, one
-    stopped early (``break``) continues where it stopped at the next iteration.
+    current position. Each ``iter()`` starts a pass there, as a ``DataLoader``'s does; a batch counts
+    as consumed once the loop comes back for the next one or an optimizer update is taken after it
+    (:class:`~hvdtrain.core.own_loop.DataPosition`), so a batch looked at with ``next(iter(loader))``
+    and left is trained by the next ``for`` loop, and a checkpoint written after the update on a
+    batch resumes after it. A pass that runs to its end completes the epoch; one stopped early
+    (``break``) continues after its last counted batch at the next ``iter()``. Only the newest pass
+    hands out batches: an earlier iterator stops.
+
+    The global random stream is drawn as by a plain ``DataLoader`` (one number per ``iter()``, the
+    iterator's seed), except by the pass that continues a checkpoint inside an epoch: the run that
+    wrote it drew that number before its saved random state, so the resumed run's dropout masks are
+    the uninterrupted run's, bit for bit.
 
     ``position`` (:class:`~hvdtrain.core.own_loop.DataPosition`) is what a checkpoint records;
     ``len()`` is the number of batches of a whole epoch on this worker."""
@@ -90,13 +101,43 @@ class PositionedLoader:
             self.position.resume_at(Position(int(epoch), 0, 0))
 
     def __iter__(self) -> Iterator[Any]:
-        if not self.position.plan():  # resumed exactly at the epoch's end
-            self.position.end_epoch()
-            return
-        for batch in self.loader:
-            self.position.advance()
+        position = self.position
+        if not position.plan():  # resumed exactly at the epoch's end
+            position.end_epoch()
+            return iter(())
+        if position.draws or self.loader.generator is not None:
+            batches = iter(self.loader)
+        else:  # continuing a checkpoint: the seed this iterator draws was drawn before the saved state
+            state = torch.get_rng_state()
+            batches = iter(self.loader)
+            torch.set_rng_state(state)
+        return self._pass(batches, position.passes)
+
+    def _pass(self, batches: Iterator[Any], number: int) -> Iterator[Any]:
+        position = self.position
+        for batch in batches:
+            if position.passes != number:  # a newer iter() took over
+                return
+            position.count()  # the loop came back: the batch before this one was used
+            position.hand_out()
             yield batch
-        self.position.end_epoch()
+        if position.passes == number:
+            position.count()
+            position.end_epoch()
+
+    def facts(self) -> dict[str, Any]:
+        """What a checkpoint's manifest records of the data: its length, its type and, for a
+        ``TensorDataset``, a cheap fingerprint (the tensors' shapes and dtypes and a CRC of their
+        first and last rows)."""
+        facts: dict[str, Any] = {"samples": len(self.dataset), "type": type_name(self.dataset)}
+        if isinstance(self.dataset, TensorDataset) and len(self.dataset):
+            crc = 0
+            for tensor in self.dataset.tensors:
+                for row in (tensor[0], tensor[-1]):
+                    crc = zlib.crc32(row.detach().cpu().contiguous().numpy().tobytes(), crc)
+            facts["fingerprint"] = {"tensors": [[list(t.shape), str(t.dtype)] for t in self.dataset.tensors],
+                                    "crc32": crc}
+        return facts
 
     def __len__(self) -> int:
         return len(self.position)

@@ -23,18 +23,22 @@ What stays Trainer-only is refused by name (:data:`hvdtrain.core.own_loop.TRAINE
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import horovod.torch as hvd
 import torch
+from horovod.common.exceptions import HorovodInternalError
 
-from hvdtrain.core import own_loop, resume, rules, startup
-from hvdtrain.core.checkpoint import MANIFEST, CheckpointManager
+from hvdtrain.core import own_loop, resume, rules, script_errors, startup
+from hvdtrain.core.checkpoint import MANIFEST, CheckpointInfo, CheckpointManager
 from hvdtrain.core.config import ConfigError, RunConfig, dump_yaml, load_config, parse_override
 from hvdtrain.core.durable import atomic_write_text
-from hvdtrain.core.errors import type_name
+from hvdtrain.core.errors import TrainingError, type_name
 from hvdtrain.core.optimizer_policy import LRPolicy, ran_config
 from hvdtrain.core.outputdir import CONFIG_FILE
 from hvdtrain.core.rank0 import RankZeroGate
@@ -42,11 +46,16 @@ from hvdtrain.core.redact import redact_values
 from hvdtrain.core.resume import METRICS_FILE, Position
 from hvdtrain.core.saving import CheckpointPolicy
 from hvdtrain.core.visibility import ConfigNotes
-from hvdtrain.core.watchdog import StallWatchdog
-from hvdtrain.torch.adapter import TorchAdapter
+from hvdtrain.core.watchdog import STALL_EXIT_CODE, StallWatchdog
+from hvdtrain.launch import detect
+from hvdtrain.torch.adapter import MODEL_FILE, OPTIMIZER_FILE, TorchAdapter
 from hvdtrain.torch.positioned import PositionedLoader, loader_facts
+from hvdtrain.torch.weights import load_weights_only
 
 CHECKPOINTS = "checkpoints"  # OUTPUT/checkpoints/, as the Trainer writes them
+# the collectives of a prepared run besides optimizer.step(): before each, the ranks agree which one they call
+CALLS = ("run.save", "run.load", "run.mean", "run.sum")
+WAIT_NOTE_SEC = 60.0  # without train.stall_timeout_sec: a rank waiting this long for the others says so (once)
 
 
 def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any = None, scheduler: Any = None, *,
@@ -66,7 +75,17 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any 
     then ``overrides`` (``["parallel.shard_optimizer=gradients"]``, as on the command line). A
     combination the rulebook refuses, or a Trainer-only key, raises
     :class:`~hvdtrain.core.config.ConfigError` with the CLI's one line. Every rank must call it.
+
+    hvdtrain's refusals that your script does not catch (from ``prepare``, ``save``, ``load``: a
+    ``ConfigError``, ``CheckpointError`` or ``TrainingError``, raised alike on every rank) end the
+    job as the ``hvdtrain`` command does: one line ``hvdtrain: error: ...`` on rank 0, no
+    traceback, exit status 2 (a bad value) or 1 (:func:`hvdtrain.core.script_errors.install`).
     """
+    script_errors.install(_rank)
+    if isinstance(optimizer, DistributedStep) or isinstance(data, PositionedLoader):
+        what = "optimizer" if isinstance(optimizer, DistributedStep) else "data"
+        raise ConfigError(f"{what}: prepare() was given the run.{what} an earlier prepare() returned; call prepare() "
+                          f"once, with your own model, optimizer and data, and use what it returns")
     given = {k.replace("__", ".") for k, v in keys.items() if v is not None} | \
         {parse_override(text)[0] for text in overrides}
     cfg = _config(config, overrides, keys)
@@ -83,6 +102,11 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any 
     if problem:
         raise ConfigError(problem)
     return OwnLoop(model, optimizer, scheduler, cfg, loader_parts)
+
+
+def _rank() -> int:
+    """This process's rank: Horovod's once it runs, before that the launcher's."""
+    return hvd.rank() if hvd.is_initialized() else detect.rank()
 
 
 def _config(config: Any, overrides: Any, keys: dict[str, Any]) -> RunConfig:
@@ -127,8 +151,19 @@ class DistributedStep:
         if closure is not None:
             raise ValueError("optimizer.step(closure): a closure re-evaluates the loss, which a distributed "
                              "update cannot; call loss.backward() then optimizer.step()")
-        self._adapter._apply_update()  # distributed: the exchange, the checks, the update, the zeroing
-        self._loop.updates += 1
+        loop = self._loop
+        if loop.data is not None:
+            loop.data.position.count()  # the batches handed out so far are this update's: consumed
+        loop.watchdog.beat(loop.updates, "waiting in collectives (optimizer.step's gradient exchange)")
+        try:
+            self._adapter._apply_update()  # distributed: the exchange, the checks, the update, the zeroing
+        except HorovodInternalError as exc:  # another rank ended (its own error said why): one line, not a traceback
+            print(f"hvdtrain: rank {loop.rank}: another rank stopped while this one waited in optimizer.step's "
+                  f"gradient exchange at update {loop.updates + 1} ({' '.join(str(exc).split())[:120]}...)",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
+        loop.updates += 1
+        loop.watchdog.beat(loop.updates, "running your loop (between hvdtrain's calls)")
         self._attach()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -151,7 +186,15 @@ class OwnLoop:
     (a :class:`~hvdtrain.torch.positioned.PositionedLoader`, or None), ``scheduler``, ``config``,
     ``device``; where this process sits (``rank``, ``size``, ``local_rank``, ``is_main``); the
     position (``epoch``, ``updates``); and :meth:`save`, :meth:`load`, :meth:`mean`, :meth:`sum`,
-    :meth:`print`."""
+    :meth:`print`.
+
+    With ``train.stall_timeout_sec`` set, the Trainer's stall watchdog
+    (:class:`~hvdtrain.core.watchdog.StallWatchdog`) ends the job with one line per rank when no
+    step, save, load, mean or sum comes for that long. Before each of :data:`CALLS` the ranks agree,
+    in one small allgather, that they all call the same one at the same update: a call made on
+    some ranks only (``if rank == 0: run.save(...)``) ends the job with one line naming it (after
+    ``train.stall_timeout_sec``; without it a rank says once, after a minute, what it waits for), a
+    different call on each rank is a :class:`~hvdtrain.core.errors.TrainingError` naming both."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, config: RunConfig,
                  loader_parts: tuple | None) -> None:
@@ -166,7 +209,8 @@ class OwnLoop:
         adapter.task_lr = True  # your optimizer's LR runs; hvdtrain's schedule is off
         adapter.prepare(task, config)  # the planned exchange around your optimizer
         self.model, self.device = adapter.model, adapter.device
-        self.gate, self.watchdog = RankZeroGate(ctx.rank), StallWatchdog(None, ctx.rank)
+        self.gate = RankZeroGate(ctx.rank)
+        self.watchdog = StallWatchdog(config.train.stall_timeout_sec, ctx.rank)
         self.data: PositionedLoader | None = None
         if loader_parts is not None:
             dataset, _, _, drop_last, settings = loader_parts
@@ -177,6 +221,8 @@ class OwnLoop:
         # broadcast model, optimizer and scheduler state from rank 0; seed each rank's random stream
         startup.start({"checkpoint": None}, adapter, ctx, self.gate, Path("."), self.watchdog, config.train.seed)
         self.optimizer._attach()
+        self.watchdog.__enter__()  # a daemon thread while the process lives (nothing with the timeout unset)
+        self.watchdog.beat(0, "running your loop (between hvdtrain's calls)")
 
     # -- where this process sits ------------------------------------------------------------------
     @property
@@ -215,16 +261,62 @@ class OwnLoop:
         return self._reduce(values, hvd.Sum, "sum")
 
     def _reduce(self, values: Any, op: Any, what: str) -> Any:
+        self._agree(f"run.{what}")
+        return self._reduced(values, op, what)
+
+    def _reduced(self, values: Any, op: Any, what: str) -> Any:
         if isinstance(values, dict):
             keys = list(values)
-            reduced = self._reduce([values[k] for k in keys], op, what)
+            reduced = self._reduced([values[k] for k in keys], op, what)
             return dict(zip(keys, reduced))
         many = isinstance(values, (list, tuple))
         items = list(values) if many else [values]
         tensors = [torch.as_tensor(v).detach().to("cpu", torch.float64) for v in items]
         out = hvd.grouped_allreduce(tensors, op=op, name=f"hvdtrain.own_loop.{what}")  # distributed
         out = [float(o) if o.numel() == 1 else o for o in out]
+        self.watchdog.beat(self.updates, "running your loop (between hvdtrain's calls)")
         return out if many else out[0]
+
+    def _agree(self, call: str) -> None:
+        """Before collective ``call`` (one of :data:`CALLS`): every rank calls it at this update, or
+        the job ends with one line saying so (see the class docstring)."""
+        if self.size == 1:
+            return
+        mine = torch.tensor([[CALLS.index(call), self.updates]], dtype=torch.int64)
+        self.watchdog.beat(self.updates, f"waiting in collectives ({call}: every rank calls it)")
+        limit, started, pause, noted = self.config.train.stall_timeout_sec, time.monotonic(), 0.0005, False
+        with self.watchdog.phase(f"{call}: the ranks agree that every one calls it"):  # its own limit, below
+            try:
+                handle = hvd.allgather_async(mine, name="hvdtrain.own_loop.call")  # distributed
+                while not hvd.poll(handle):
+                    waited = time.monotonic() - started
+                    if limit and waited > limit:
+                        self._left_alone(call, f"{limit:g}s (train.stall_timeout_sec={limit:g})")
+                    if not limit and waited > WAIT_NOTE_SEC and not noted:
+                        noted = True
+                        print(f"hvdtrain: rank {self.rank} has waited {waited:.0f}s in {call} at update "
+                              f"{self.updates} for the other ranks ({call} is a collective: every rank calls it; "
+                              f"train.stall_timeout_sec=N ends a job that hangs)", file=sys.stderr, flush=True)
+                    time.sleep(pause)
+                    pause = min(0.02, pause * 2)
+                seen = hvd.synchronize(handle).tolist()
+            except Exception as exc:  # Horovod shut down under us: a rank ended without calling it
+                self._left_alone(call, f"until Horovod stopped ({' '.join(str(exc).split())[:200]})")
+        if any(row != seen[0] for row in seen):
+            calls = ", ".join(f"rank {r} called {CALLS[c]} at update {u}" for r, (c, u) in enumerate(seen))
+            raise TrainingError(f"{', '.join(sorted({CALLS[c] for c, _ in seen}))}: every rank must call the same "
+                                f"collective at the same update, but {calls}")
+
+    def _left_alone(self, call: str, how_long: str) -> None:
+        """This rank called ``call`` and the others did not come: one line, and the process ends
+        (its collective is still pending: nothing else can run), so the launcher ends the job."""
+        others = f"rank {1 - self.rank} did not call it" if self.size == 2 else \
+            f"not every one of the {self.size} ranks called it"
+        print(f"hvdtrain: error: rank {self.rank} called {call} at update {self.updates} and waited {how_long}: "
+              f"{others}; {call} is a collective: call it on every rank at the same point (rank 0 writes the "
+              f"files), not under `if rank == 0:`", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(STALL_EXIT_CODE)
 
     # -- position and checkpoints -------------------------------------------------------------
     @property
@@ -243,21 +335,24 @@ class OwnLoop:
         """The epochs still to train of ``total``: ``for epoch in run.epochs(3): for batch in run.data: ...``."""
         return range(self.epoch, total)
 
-    def _manager(self, output: Path) -> CheckpointManager:
+    def _manager(self, output: Path, manifest: dict[str, Any] | None = None) -> CheckpointManager:
         ck = self.config.checkpoint
-        manager = CheckpointManager(output / CHECKPOINTS, ck.keep_last, ck.best_metric, ck.best_mode)
+        manager = _Checkpoints(output / CHECKPOINTS, ck.keep_last, ck.best_metric, ck.best_mode)
         manager.required, manager.framework = self.adapter.checkpoint_files, "torch"
+        manager.extra = {"data": self.data.facts()} if self.data is not None else {}
+        manager.extra.update(manifest or {})
         return manager
 
     def save(self, path: str | Path, metrics: dict[str, Any] | None = None) -> Path | None:
         """Checkpoint the run into the output folder ``path`` (a collective: every rank calls it, at
         the same update): ``path/checkpoints/epoch-NNNN`` at an epoch's end, ``step-NNNNNNNN``
         inside one, written by rank 0 atomically as the Trainer writes them (model, optimizer,
-        scheduler, every rank's random state and exchange state, the position), then pruned to
-        ``checkpoint.keep_last``. ``metrics`` (e.g. the epoch's mean loss and validation accuracy)
-        become a row of ``path/metrics.jsonl`` and the checkpoint's record, which
-        ``hvdtrain report`` plots. A second call at the same position writes no second checkpoint
-        (only the metrics row). Returns the checkpoint's folder on rank 0, else None."""
+        scheduler, every rank's random state and exchange state, the position, and the data's
+        length), then pruned to ``checkpoint.keep_last``. ``metrics`` (e.g. the epoch's mean loss
+        and validation accuracy) become a row of ``path/metrics.jsonl`` and the checkpoint's
+        record, which ``hvdtrain report`` plots. A second call at the same position writes no
+        second checkpoint (only the metrics row). Returns the checkpoint's folder on rank 0, else None."""
+        self._agree("run.save")
         output, position = Path(path), self.position
         at_epoch_end = self.data is not None and position.consumed == 0 and position.epoch > 0
         name = f"epoch-{position.epoch:04d}" if at_epoch_end else f"step-{position.step:08d}"
@@ -275,49 +370,132 @@ class OwnLoop:
         if self._saved[:2] == (output.resolve(), position):  # saved here already (a step save at the epoch's end)
             saved = self._saved[2]
         else:
-            policy = CheckpointPolicy(self.config, self._manager(output), self.adapter, self.watchdog)
+            # an epoch's end without metrics: no metrics.jsonl row, so the manifest holds no record a resume
+            # would take for the row the file lost
+            policy = CheckpointPolicy(self.config, self._manager(output, {} if metrics else {"metrics": None}),
+                                      self.adapter, self.watchdog)
             totals = {"loss_sum": 0.0, "samples": 0}
             saved = policy.save(self.ctx, name, position, totals, record if at_epoch_end else None)
             self._saved = (output.resolve(), position, saved)
         if self.is_main and metrics is not None:
             self.gate.append_jsonl(output / METRICS_FILE, record)
+        self.watchdog.beat(self.updates, "running your loop (between hvdtrain's calls)")
         return saved
 
     def load(self, path: str | Path) -> bool:
         """Continue from a checkpoint (a collective): ``path`` is an output folder (its newest
-        checkpoint whose files match their checksums) or one checkpoint folder. Model, optimizer,
-        scheduler, exchange state and position are restored; at the world size that wrote it every
-        rank's random state too (bit for bit the run that was not stopped), at another the rest of
-        the epoch is dealt anew and the random streams reseeded. Returns False, changing nothing,
-        when the folder holds no checkpoint yet (a first start); a checkpoint of another run
-        (another batch size, seed, ...) is refused naming the key."""
+        checkpoint whose files match their checksums; its ``metrics.jsonl`` is cut back to that
+        checkpoint) or one checkpoint folder (no file is written). Model, optimizer, scheduler,
+        exchange state and position are restored; at the world size that wrote it every rank's
+        random state too (bit for bit the run that was not stopped), at another the rest of the
+        epoch is dealt anew and the random streams reseeded. Returns False, changing nothing, when
+        the folder holds no checkpoint yet (a first start). Refused naming the checkpoint, before
+        anything is loaded: a checkpoint of another run (another batch size, seed, ... : the key),
+        of another model (the first keys that differ), or at a position past this data's end. An
+        optimizer setting yours has and the checkpoint's has not (another ``lr``) is named in a
+        warning: the checkpoint's value runs."""
+        self._agree("run.load")
         path = Path(path)
         plan = resume.agree(self.adapter, self.is_main, lambda: self._plan(path))  # distributed
         if not plan.get("checkpoint"):
             return False
-        output = Path(plan["checkpoint"]).parent.parent
+        yours = _hyperparameters(self.optimizer)
+        output = Path(plan["output"]) if plan.get("output") else None
         state = startup.start(plan, self.adapter, self.ctx, self.gate, output, self.watchdog, self.config.train.seed)
         self.updates = state.position.step
         if self.data is not None:
             self.data.position.resume_at(state.position)
         self.optimizer._attach()
+        changed = [f"{key}={yours[key]!r} (the checkpoint's: {value!r})"
+                   for key, value in _hyperparameters(self.optimizer).items() if yours.get(key, value) != value]
+        if changed:
+            self.gate.warn(f"your optimizer's {', '.join(changed)} differs from checkpoint {plan['checkpoint']}; "
+                           f"the checkpoint's value runs (load_state_dict restores it): set it after run.load "
+                           f"to change it")
+        self.watchdog.beat(self.updates, "running your loop (between hvdtrain's calls)")
         return True
 
     def _plan(self, path: Path) -> dict[str, Any]:
         """Rank 0: the checkpoint to load and what goes with it, or the error every rank raises."""
         try:
             notes: list[str] = []
+            output: Path | None
             if (path / MANIFEST).is_file():
                 info = CheckpointManager.open(path, self.adapter.checkpoint_files)
-                output = path.parent.parent
+                output = None  # one checkpoint, maybe of another run's output: nothing of it is rewritten
             else:
                 info, output = self._manager(path).latest(notes), path
             if info is None:
                 return {"checkpoint": None}
-            problem = resume.incompatibility(info, self.config)
+            problem = resume.incompatibility(info, self.config, "another output folder") or \
+                self._other_model(info) or self._past_data(info, notes)
             if problem:
                 return {"error": problem}
-            history = resume.read_history(output, info, notes)
-            return {"checkpoint": str(info.path), "manifest": info.manifest, "history": history, "notes": notes}
+            history = resume.read_history(output, info, notes) if output is not None else []
+            return {"checkpoint": str(info.path), "output": str(output) if output is not None else None,
+                    "manifest": info.manifest, "history": history, "notes": notes}
         except Exception as exc:  # every rank must hear about it, or the others hang in the broadcast
             return {"error": str(exc)}
+
+    def _other_model(self, info: CheckpointInfo) -> str | None:
+        """Why checkpoint ``info`` holds another model or optimizer than this run's (the first keys
+        or shapes that differ), or None. Rank 0, before anything is loaded."""
+        saved = load_weights_only(info.path / MODEL_FILE, map_location="cpu", mmap=True)
+        mine = self.model.state_dict()
+        missing = [k for k in mine if k not in saved]
+        unexpected = [k for k in saved if k not in mine]
+        shapes = [f"{k} {tuple(saved[k].shape)} there, {tuple(v.shape)} here" for k, v in mine.items()
+                  if k in saved and torch.is_tensor(v) and torch.is_tensor(saved[k]) and saved[k].shape != v.shape]
+        parts = [f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+                 for what, keys in (("your model's keys it lacks", missing), ("keys your model lacks", unexpected),
+                                    ("other shapes", shapes)) if keys]
+        if parts:
+            return (f"cannot resume: checkpoint {info.path} holds another model ({'; '.join(parts)}); load a "
+                    f"checkpoint of this model, or save this one into another output folder (nothing was changed)")
+        groups = load_weights_only(info.path / OPTIMIZER_FILE, map_location="cpu", mmap=True).get("param_groups", [])
+        theirs = [len(g.get("params", [])) for g in groups]
+        ours = [len(g["params"]) for g in self.optimizer.state_dict()["param_groups"]]
+        if theirs != ours:
+            return (f"cannot resume: checkpoint {info.path} holds an optimizer of {len(theirs)} parameter group(s) "
+                    f"of {theirs} parameters, yours has {len(ours)} of {ours}; build the optimizer as the run "
+                    f"that wrote it did (nothing was changed)")
+        return None
+
+    def _past_data(self, info: CheckpointInfo, notes: list[str]) -> str | None:
+        """Why checkpoint ``info``'s position lies past this run's data (one line naming both), or None;
+        a note when it was written on data of another length."""
+        if self.data is None:
+            return None
+        position, saved = self.data.position, info.manifest.get("data") or {}
+        epoch, consumed = int(info.manifest.get("epoch", 0)), int(info.manifest.get("consumed", 0))
+        here = self.data.facts()
+        same = saved.get("samples") == here["samples"]
+        if consumed > position.epoch_samples or (consumed == position.epoch_samples and consumed and not same):
+            trained = f" (written on {saved['samples']} samples)" if "samples" in saved else ""
+            return (f"cannot resume: checkpoint {info.path} is {consumed} samples into epoch {epoch + 1}{trained}, "
+                    f"past the end of this data: {here['samples']} samples, an epoch of {position.epoch_samples} at "
+                    f"{position.size} workers; load it with the data it was trained on (nothing was changed)")
+        if "samples" in saved and saved != here:
+            notes.append(f"checkpoint {info.path} was written training on data {saved}, this run's is {here}: the "
+                         f"order of epoch {epoch + 1} is dealt from this data")
+        return None
+
+
+class _Checkpoints(CheckpointManager):
+    """The Trainer's checkpoint manager, whose manifests also hold what a prepared run adds (``extra``:
+    the data's length and fingerprint)."""
+
+    extra: dict[str, Any] = {}
+
+    def save(self, name: str, write_payload: Any, manifest: dict[str, Any]) -> CheckpointInfo:
+        """:meth:`CheckpointManager.save` with ``extra`` in the manifest."""
+        return super().save(name, write_payload, {**manifest, **self.extra})
+
+
+def _hyperparameters(optimizer: Any) -> dict[str, Any]:
+    """``optimizer``'s settings per parameter group, as ``"lr"`` (one group) or ``"param_groups[1].lr"``
+    (with a scheduler, its ``initial_lr`` in place of ``lr``)."""
+    groups = optimizer.param_groups
+    return {(key if len(groups) == 1 else f"param_groups[{i}].{key}"): value for i, group in enumerate(groups)
+            for key, value in group.items() if key != "params" and isinstance(value, (int, float, str, bool, tuple))
+            and not (key == "lr" and "initial_lr" in group)}  # a scheduler's: lr is where its schedule stands

@@ -80,3 +80,21 @@ def test_own_loop_matches_the_trainer_and_resumes_exactly(tmp_path):
     report_run = subprocess.run([BIN / "hvdtrain", "report", alone], capture_output=True, text=True, timeout=300)
     assert report_run.returncode == 0, report_run.stderr
     assert (alone / "report" / "summary.png").is_file()
+
+
+@pytest.mark.distributed
+def test_a_save_called_on_rank_0_only_ends_the_job_with_one_line(tmp_path):
+    """issue 61, item 4: the DDP habit ``if rank == 0: run.save(...)`` hung forever with no message
+    (rank 0 in the checkpoint's collectives, rank 1 in the next update's gradient exchange). With
+    ``train.stall_timeout_sec=10`` the job now ends non-zero with rank 0's one line naming the call
+    and the rank that did not make it; no traceback from hvdtrain's side."""
+    out = tmp_path / "run"
+    proc = horovodrun(["python", REPO / "tests" / "distributed" / "workers" / "own_loop_rank0_save.py", out],
+                      timeout=240, check=False)
+    assert proc.returncode != 0 and "finished" not in proc.stdout
+    lines = [line.split(":", 1)[1] for line in proc.stderr.splitlines() if "hvdtrain: error:" in line]
+    assert lines == ["hvdtrain: error: rank 0 called run.save at update 2 and waited 10s (train.stall_timeout_sec="
+                     "10): rank 1 did not call it; run.save is a collective: call it on every rank at the same point "
+                     "(rank 0 writes the files), not under `if rank == 0:`"]
+    assert "prepare.py" not in proc.stderr  # no traceback through hvdtrain's frames on either rank
+    assert not (out / "checkpoints").exists()

@@ -1,12 +1,18 @@
 """issue 39, item 2, what needs no job: the position a prepared loop's data keeps
 (hvdtrain.core.own_loop.DataPosition through hvdtrain.torch.positioned.PositionedLoader, read as the
 DataLoader hands the batches out), and prepare()'s refusals, which come before Horovod starts.
-tests/distributed/test_prepare.py runs prepare() itself under horovodrun."""
+tests/distributed/test_prepare.py runs prepare() itself under horovodrun.
 
+issue 61 (own scripts): a peeked ``next(iter(run.data))`` loses no batch; a pass that continues a
+checkpoint draws nothing from the global random stream (a plain DataLoader's iterator draws its
+seed there); one process through prepare() (tests/unit/own_loop_script.py, no launcher): a checkpoint
+of another model, a position past the data, an optimizer setting changed; issue 63, items 3 and 4:
+``run.load(checkpoint)`` writes nothing outside, the manifest records the data."""
+
+import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -47,6 +53,8 @@ def test_a_run_stopped_inside_an_epoch_goes_on_at_the_next_sample_at_any_world_s
     before, iterators = [], [iter(r) for r in ranks]
     for _ in range(after):
         before += [int(i) for it in iterators for i in next(it)[0]]
+        for r in ranks:
+            r.position.count()  # what optimizer.step() does: the batches handed out are consumed
     position = ranks[0].position.position(step=after)
     assert position == Position(0, after * BATCH * 2, after)
     resumed = [loader(r, size) for r in range(size)]
@@ -58,20 +66,62 @@ def test_a_run_stopped_inside_an_epoch_goes_on_at_the_next_sample_at_any_world_s
     assert set(rest) == set(sharding.epoch_order(N, 0, SEED)[position.consumed:].tolist())
 
 
-def test_the_last_batch_handed_out_completes_the_epoch_and_break_continues_where_it_stopped():
+def test_the_last_batch_stepped_completes_the_epoch_and_break_continues_where_it_stopped():
     one = loader(0, 1)
     it = iter(one)
     for _ in range(len(one) - 1):
         next(it)
+    one.position.count()
     assert one.position.position(7).epoch == 0
-    next(it)  # the last batch: a checkpoint written while training on it is an epoch checkpoint
+    next(it)
+    one.position.count()  # the update on the last batch: a checkpoint written after it is an epoch checkpoint
     assert one.position.position(7) == Position(1, 0, 7)
     stopped = loader(0, 1)
-    first = next(iter(stopped))  # a loop that breaks after one batch ...
+    first = next(iter(stopped))  # a loop that trains one batch (an update) and breaks ...
+    stopped.position.count()
     order = sharding.epoch_order(N, 0, SEED).tolist()
     assert [int(i) for i in first[0]] == order[:BATCH]
     assert samples(iter(stopped)) == order[BATCH:]  # ... goes on after it at the next iteration
     assert stopped.epoch == 1
+
+
+def test_a_peeked_batch_is_not_lost_and_only_the_newest_pass_hands_out_batches():
+    """issue 61, item 3: the DDP tutorial's ``b_sz = len(next(iter(train_data))[0])`` then a ``for``
+    loop: every batch of the epoch is trained (before: the peeked one was consumed, 11 of 12 trained)."""
+    peeked = loader(0, 1)
+    size = len(next(iter(peeked))[0])
+    order = sharding.epoch_order(N, 0, SEED).tolist()
+    assert size == BATCH and samples(iter(peeked)) == order and peeked.epoch == 1
+    old = iter(peeked)
+    next(old)
+    new = iter(peeked)  # a newer pass: the older iterator hands out nothing more
+    assert list(old) == [] and samples(new) == sharding.epoch_order(N, 1, SEED).tolist()
+
+
+def draws(loader_, resumed_at=None):
+    """How many numbers a pass of ``loader_`` draws from torch's global generator (started at
+    ``resumed_at``, a checkpoint's position): 0, 1 (what a plain DataLoader's iterator draws), else None."""
+    if resumed_at is not None:
+        loader_.position.resume_at(resumed_at)
+    torch.manual_seed(11)
+    start = torch.get_rng_state()
+    list(iter(loader_))
+    after = torch.get_rng_state()
+    torch.set_rng_state(start)
+    if torch.equal(after, start):
+        return 0
+    torch.empty((), dtype=torch.int64).random_()
+    return 1 if torch.equal(after, torch.get_rng_state()) else None
+
+
+def test_a_pass_that_continues_a_checkpoint_draws_nothing_from_the_global_random_stream():
+    """issue 61, item 1: a DataLoader's iterator draws its seed from torch's global generator when
+    ``iter()`` is called; the run that wrote a checkpoint inside an epoch drew it before the random
+    state the checkpoint holds, so the resumed pass must not draw it again (before: it did, and every
+    later dropout mask was shifted by one number)."""
+    assert draws(loader(0, 1)) == 1  # as a plain DataLoader: the same global stream as an unprepared script
+    assert draws(loader(0, 2), Position(0, 2 * BATCH * 2, 2)) == 0  # continuing a checkpoint inside the epoch
+    assert draws(loader(0, 1), Position(1, 0, 12)) == 1  # at an epoch's start: the epoch's own draw
 
 
 def test_drop_last_and_set_epoch():
@@ -146,3 +196,66 @@ def test_refusals_come_before_horovod_starts():
     assert out.splitlines() == ["train.elastic=True is a Trainer-only setting (the Trainer re-forms the job and "
                                 "commits its state); prepare() runs your own loop: leave train.elastic unset, or "
                                 "train through hvdtrain.Trainer / a recipe", "not initialised"]
+
+
+def test_one_process_load_refusals_warnings_and_what_it_writes(tmp_path):
+    """issue 63, item 3: ``run.load(checkpoint folder)`` left a ``metrics.jsonl`` two levels above it
+    cut from 5 rows to 1 (and created one where there was none): now nothing outside is written.
+    Issue 63, item 4: the manifest records the data's length and fingerprint; a position past this
+    data is refused naming the checkpoint, its position and the data (before: True, and the epoch's
+    rest silently skipped). Issue 61, item 7: a checkpoint of another model is one line naming the
+    keys (before: torch's multi-line RuntimeError). Issue 61, item 8: another optimizer setting is a
+    warning naming it (before: silence); an epoch checkpoint written without metrics resumes without
+    "metrics.jsonl had no row for epoch 1"."""
+    from jobs import BIN, REPO, run as job
+
+    report = tmp_path / "report.json"
+    proc = job([BIN / "python", REPO / "tests" / "unit" / "own_loop_script.py", tmp_path, report], timeout=300)
+    seen = json.loads(report.read_text())
+    rows = "".join(json.dumps({"epoch": e, "step": 5 * e}) + "\n" for e in range(1, 6))
+    assert (tmp_path / "other" / "holder" / "metrics.jsonl").read_text() == rows  # byte for byte
+    assert not (tmp_path / "bare" / "holder" / "metrics.jsonl").exists()
+    assert seen["outside-other"] is True and seen["outside-other-position"] == [0, 24, 3]
+    facts = seen["manifests"]["step-00000003"]
+    assert facts["samples"] == 40 and facts["type"] == "torch.utils.data.dataset.TensorDataset"
+    assert facts["fingerprint"]["tensors"] == [[[40, 6], "torch.float32"], [[40], "torch.int64"]]
+    step = tmp_path / "run" / "checkpoints" / "step-00000003"
+    assert seen["past"] == (f"TrainingError: cannot resume: checkpoint {step} is 24 samples into epoch 1 (written "
+                            f"on 40 samples), past the end of this data: 8 samples, an epoch of 8 at 1 workers; load "
+                            f"it with the data it was trained on (nothing was changed)")
+    epoch = tmp_path / "run" / "checkpoints" / "epoch-0001"
+    assert seen["model"].startswith(f"TrainingError: cannot resume: checkpoint {epoch} holds another model (other "
+                                    f"shapes: 0.weight (8, 6) there, (5, 6) here") and "\n" not in seen["model"]
+    assert seen["lr"] is True and seen["resumed"] == [True, 1]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("hvdtrain: warning:")]
+    assert warnings == [f"hvdtrain: warning: your optimizer's weight_decay=0.01 (the checkpoint's: 0.0) differs "
+                        f"from checkpoint {epoch}; the checkpoint's value runs (load_state_dict restores it): set it "
+                        f"after run.load to change it"]
+    assert "had no row" not in proc.stderr + proc.stdout
+    assert seen["again"] == ("ConfigError: optimizer: prepare() was given the run.optimizer an earlier prepare() "
+                             "returned; call prepare() once, with your own model, optimizer and data, and use what it "
+                             "returns")
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_an_uncaught_refusal_is_one_line_on_rank_0_and_a_non_zero_exit(tmp_path, rank):
+    """issue 61, item 7: prepare()'s refusal in a script that does not catch it was a traceback on
+    every rank; now rank 0 prints the command line's one line, the other ranks nothing, every rank
+    exits 2 (a bad value), as ``hvdtrain recipe`` does. (The rank before Horovod starts is the
+    launcher's: ``HOROVOD_RANK``, as ``horovodrun`` sets it.)"""
+    from jobs import BIN, run as job
+
+    script = tmp_path / "script.py"
+    script.write_text("import torch\nfrom torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler\n"
+                      "from hvdtrain.torch import prepare\n"
+                      "model = torch.nn.Linear(2, 2)\n"
+                      "data = TensorDataset(torch.zeros(8, 2))\n"
+                      "prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),\n"
+                      "        DataLoader(data, batch_size=2, sampler=WeightedRandomSampler([1.0] * 8, 8)))\n")
+    proc = job([BIN / "python", script], timeout=120, check=False, env={"HOROVOD_RANK": rank})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "oneDNN" not in line and "I0000" not in line]
+    expected = ["hvdtrain: error: data: a DataLoader with its own sampler (torch.utils.data.sampler."
+                "WeightedRandomSampler) has no position to resume at; pass a map-style Dataset, or a "
+                "DataLoader(dataset, batch_size=N, shuffle=True|False)"]
+    assert lines == (expected if rank == "0" else [])
