@@ -11,13 +11,14 @@ count are restored, and each epoch's batches depend on the seed and the epoch on
 takes a global batch of --global-batch-size images (128 by default) at any number of workers, so a
 run may also resume on another one (any that divides the global batch; the same weights up to
 float rounding). With --batch-size instead, each worker takes batches of its own share and the
-global batch grows with the workers. The guide: docs/guides/keras-fit.md.
+global batch grows with the workers. A run that hvdtrain refuses (a checkpoint folder in use
+without --resume, a global batch the workers cannot share) stops with one line, ``hvdtrain: error:
+...``, printed by rank 0 (``hk.init()`` sees to that). The guide: docs/guides/keras-fit.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 import horovod.tensorflow as hvd
 import keras
@@ -83,11 +84,7 @@ def main(argv: list[str] | None = None, callbacks: tuple = ()) -> keras.callback
     checkpoints = hk.Checkpoints(args.checkpoints)
     initial_epoch = checkpoints.restore(model, resume=args.resume)  # 0, or the epochs the checkpoint had done
     train = (x, y) if args.batch_size is None else hk.shard((x, y))  # all rows, or this worker's share
-    try:
-        data, steps = hk.batches(*train, **sizes, seed=args.seed, initial_epoch=initial_epoch)
-    except ValueError as exc:  # a batch this data or this number of workers cannot take: one line
-        print(f"keras_fit.py: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+    data, steps = hk.batches(*train, **sizes, seed=args.seed, initial_epoch=initial_epoch)
     history = model.fit(
         data, steps_per_epoch=steps, epochs=args.epochs, initial_epoch=initial_epoch, shuffle=False,
         validation_data=hk.shard((x_val, y_val)),
@@ -100,8 +97,4 @@ def main(argv: list[str] | None = None, callbacks: tuple = ()) -> keras.callback
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except hvdtrain.CheckpointError as exc:
-        print(f"keras_fit.py: {exc}", file=sys.stderr)
-        sys.exit(2)
+    main()  # a refusal (a used checkpoint folder, a batch the workers cannot share): hk.init()'s one line

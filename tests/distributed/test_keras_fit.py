@@ -54,6 +54,7 @@ def test_keras_fit_learns_keeps_ranks_equal_and_resumes_bitwise(tmp_path):
     assert history["val_accuracy"][-1] > 0.6, history["val_accuracy"]  # 10 classes: chance is 0.1
     assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == ["epoch-0001"]
     check_powersgd_exchange(tmp_path)
+    check_uneven_and_malformed(tmp_path)
 
     shutil.copytree(tmp_path / "killed", tmp_path / "killed-on-1")  # epochs 2 and 3 on one worker
     horovodrun(["python", WORKER, tmp_path, *ARGS, "--checkpoints", tmp_path / "killed-on-1", "--resume"],
@@ -88,6 +89,20 @@ def test_keras_fit_learns_keeps_ranks_equal_and_resumes_bitwise(tmp_path):
     manifest = json.loads((tmp_path / "killed-on-1" / "epoch-0003" / "manifest.json").read_text())
     assert manifest["step"] == 3 * STEPS and manifest["world_size"] == 1
 
+    # issue 61, items 7 and 8: the example again without --resume on the folder it finished in: the script
+    # catches nothing, yet the refusal is one line from rank 0 (hk.init()'s hook), no traceback, no CLI advice
+    before = sorted(p.name for p in (tmp_path / "killed").iterdir())
+    refused = horovodrun(["python", EXAMPLE, *ARGS, "--checkpoints", tmp_path / "killed"], timeout=300, check=False)
+    lines = [line.split(":", 1)[1] for line in refused.stderr.splitlines() if "hvdtrain: error:" in line]
+    assert refused.returncode != 0 and lines == [
+        f"hvdtrain: error: {tmp_path / 'killed'} already holds checkpoint epoch-0003: resume from it "
+        f"(Checkpoints.restore(model, resume=True)) or give Checkpoints another directory; nothing was overwritten"
+    ], refused.stderr[-3000:]
+    workers = [line for line in (refused.stdout + refused.stderr).splitlines() if line.startswith(("[0]", "[1]"))]
+    assert not any("Traceback" in line for line in workers), refused.stderr[-3000:]  # horovodrun's own is its own
+    assert "keras_callbacks.py" not in refused.stderr and "Epoch 1/3" not in refused.stdout, refused.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "killed").iterdir()) == before
+
 
 def check_powersgd_exchange(out):
     """The worker's powersgd_exchange (in the first job): model.fit through
@@ -108,3 +123,22 @@ def check_powersgd_exchange(out):
     assert ranks[0]["local_sgd"]["whole"] != ranks[1]["local_sgd"]["whole"]  # 8 updates: 2 since the last averaging
     for rank in ranks:
         assert rank["local_sgd"]["resumed"] == rank["local_sgd"]["whole"]
+
+
+def check_uneven_and_malformed(out):
+    """The worker's uneven_epoch (issue 61, item 5): 4,097 samples through hk.shard(dataset).batch(64)
+    on 2 workers end their epoch (before, rank 0's 33rd batch waited forever and the job ran into its
+    timeout), 32 steps each, the same weights; hk.shard(ds.shuffle().batch()) is refused naming the
+    shuffle. Its malformed_restore (issue 63, item 13): a checkpoint whose optimizer.npz is cut in half
+    under a matching checksum is the same one-line CheckpointError on both ranks, and both reach the
+    next collective (before, rank 0 raised alone and the job hung)."""
+    ranks = [json.loads((out / f"uneven-rank-{r}.json").read_text()) for r in range(2)]
+    assert [r["uneven"]["steps"] for r in ranks] == [32, 32]
+    assert ranks[0]["uneven"]["weights"] == ranks[1]["uneven"]["weights"]
+    for rank in ranks:
+        assert rank["uneven"]["refused"].startswith("shard: the dataset is reordered before the shard point "
+                                                    "(_ShuffleDataset: shuffle())"), rank
+    problem = ranks[0]["malformed"]
+    assert problem == ranks[1]["malformed"] and "\n" not in problem
+    assert problem.startswith(str(out / "malformed" / "epoch-0003")), problem
+    assert "optimizer.npz" in problem, problem

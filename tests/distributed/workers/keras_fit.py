@@ -175,6 +175,54 @@ def local_sgd_resume(out):
     return {"whole": whole, "resumed": fit(out / "local-sgd-resumed", True)}
 
 
+def uneven_epoch():
+    """issue 61, item 5: 4,097 samples of a tf.data pipeline on 2 workers, hk.shard then batch, one
+    epoch of model.fit without steps_per_epoch: rank 0's share was one sample longer, hence a 33rd
+    batch whose allreduce waited forever (the job hung); now both take 32 steps. And the review's
+    hk.shard(ds.shuffle().batch()) (overlapping shares): the one-line refusal."""
+    x = np.random.default_rng(hvd.rank()).normal(size=(4097, 4)).astype(np.float32)
+    keras.utils.set_random_seed(5)
+    net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    net.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    data = hk.shard(tf.data.Dataset.from_tensor_slices((x, x[:, :1]))).batch(64)
+    net.fit(data, epochs=1, verbose=0, callbacks=[hk.BroadcastGlobalVariablesCallback(0)])
+    try:
+        hk.shard(tf.data.Dataset.from_tensor_slices(x).shuffle(4097).batch(64))
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    return {"steps": int(net.optimizer.iterations.numpy()), "weights": digest(net.variables), "refused": refused}
+
+
+def malformed_restore(out):
+    """issue 63, item 13: a copy of the reference run's last checkpoint whose optimizer.npz is cut in
+    half, its checksum in the manifest updated (damage the checksums cannot see). Every rank calls
+    Checkpoints.restore: each must raise the same CheckpointError (rank 0's failure was raised on rank
+    0 alone, before the broadcast rank 1 waits in: the next collective then hung the job)."""
+    import shutil
+
+    from hvdtrain.core.checkpoint import CheckpointError
+
+    folder = out / "malformed" / "epoch-0003"
+    if hvd.rank() == 0:
+        shutil.copytree(out / "reference" / "epoch-0003", folder)
+        whole = (folder / "optimizer.npz").read_bytes()
+        (folder / "optimizer.npz").write_bytes(whole[:len(whole) // 2])
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["files"]["optimizer.npz"] = hashlib.sha256(whole[:len(whole) // 2]).hexdigest()
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    hvd.broadcast_object(None, name="malformed-written")
+    net = example().build_model(0)
+    net.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.AdamW()), loss="mse")
+    try:
+        hk.Checkpoints(out / "malformed").restore(net, resume=True)
+        problem = None
+    except CheckpointError as exc:
+        problem = str(exc)
+    hvd.broadcast_object(None, name="malformed-restored")  # the next collective: every rank must reach it
+    return problem
+
+
 def main(out, *args):
     out = Path(out)
     fit = example()
@@ -191,6 +239,8 @@ def main(out, *args):
         "sharded": sharded_refusal()}))
     (out / f"powersgd-rank-{hvd.rank()}.json").write_text(json.dumps(
         {**powersgd_exchange(), "local_sgd": local_sgd_resume(out)}))
+    (out / f"uneven-rank-{hvd.rank()}.json").write_text(json.dumps(
+        {"uneven": uneven_epoch(), "malformed": malformed_restore(out)}))
     fit.main([*args, "--checkpoints", str(out / "killed")], callbacks=(Kill(),))
     raise SystemExit("not killed")
 
