@@ -91,12 +91,11 @@ def remote_manifest(root: str | None) -> dict | None:
     if root is None:
         return None
     url = remote.join(root, "manifest.json")
-    try:
-        size, _ = remote.stat(url)
-    except DataError:
+    data = remote.read_small(url, "manifest")  # bounded: remote.MANIFEST_BYTES
+    if data is None:
         return None
     try:
-        manifest = json.loads(remote.read_range(url, 0, size))
+        manifest = json.loads(data)
     except ValueError as exc:
         raise DataError(f"{url} is not a JSON manifest: {exc}") from None
     return manifest if isinstance(manifest, dict) and isinstance(manifest.get("splits"), dict) else None

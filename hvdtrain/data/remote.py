@@ -6,9 +6,12 @@ and others need the user's fsspec backend, such as ``s3fs``), one filesystem obj
 and protocol. What this module offers is the little the shard code needs: expand a pattern into
 URLs (:func:`expand`: braces always, globs where the backend can list), a file's size and version
 tag for the index's cache key (:func:`stat`), a byte range (:func:`read_range`: one range request),
-a seekable file for Parquet (:func:`open_file`) and a whole-file copy to a local path
-(:func:`fetch`: written to ``PATH.part``, checked against the size, renamed into place).
-Errors name the URL.
+a seekable file for Parquet (:func:`open_file`), a whole-file copy to a local path
+(:func:`fetch`: written to ``PATH.part``, never past the size it is given, checked against it,
+renamed into place), a small file read whole under a cap (:func:`read_small`: a ``manifest.json``)
+and URL joins that stay on the URL's host (:func:`join`, :func:`folder`). HTTP(S) reads have a
+connect timeout and a timeout between two received bytes (:data:`CONNECT_TIMEOUT`,
+:data:`READ_TIMEOUT`), none on a whole transfer. Errors name the URL.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import posixpath
 import sys
 import threading
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 from hvdtrain.core.redact import redact_text
 from hvdtrain.data import braces
@@ -26,6 +30,9 @@ from hvdtrain.data.errors import DataError
 FETCH_CHUNK = 4 << 20
 READ_MODES = ("auto", "random", "stream")  # image.read: random access, streaming (stream.py), auto: stream remote shards
 ATTEMPTS = 3  # a read or download that fails is tried this often (1 s, 2 s apart) before it is an error
+MANIFEST_BYTES = 64 << 20  # a manifest.json read from a server: one larger is refused (not read past this)
+CONNECT_TIMEOUT = 30.0  # HTTP(S): seconds to open a connection (per attempt)
+READ_TIMEOUT = 60.0  # HTTP(S): seconds a server may send nothing mid-response; a whole download has no bound
 _FILESYSTEMS: dict[str, object] = {}
 _LOCK = threading.Lock()
 
@@ -62,11 +69,25 @@ def filesystem(url: str):
                 raise DataError(f"{url}: remote shards need fsspec (and aiohttp for http/https): "
                                 f"pip install 'hvdtrain[data]'") from None
             try:
-                fs = fsspec.filesystem(protocol)
+                fs = fsspec.filesystem(protocol, **_options(protocol))
             except (ImportError, ValueError) as exc:
                 raise DataError(f"{url}: no fsspec backend for {protocol}:// ({exc})") from None
             _FILESYSTEMS[protocol] = fs
         return fs
+
+
+def _options(protocol: str) -> dict:
+    """The fsspec options of ``protocol``'s filesystem: for HTTP(S), aiohttp's timeouts replaced by
+    :data:`CONNECT_TIMEOUT` and :data:`READ_TIMEOUT` (aiohttp's default of 300 s for the whole
+    response failed every download longer than that, however steadily it arrived)."""
+    if protocol not in ("http", "https"):
+        return {}
+    try:
+        import aiohttp
+    except ImportError:
+        return {}  # fsspec names what is missing
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+    return {"client_kwargs": {"timeout": timeout}}
 
 
 def _not_found(exc: BaseException) -> bool:
@@ -87,6 +108,10 @@ def _error(url: str, exc: BaseException, doing: str) -> Exception:
     status = getattr(cause, "status", None)
     if status is not None:
         return DataError(f"shard {url}: the server answered {status} while {doing} ({cause})")
+    if isinstance(cause, TimeoutError) or type(cause).__name__ == "ServerTimeoutError":
+        return RemoteError(f"shard {url} cannot be reached ({doing}): the server sent nothing for "
+                           f"{READ_TIMEOUT:g} s (remote.READ_TIMEOUT) or did not connect within {CONNECT_TIMEOUT:g} s "
+                           f"({type(cause).__name__})")
     return RemoteError(f"shard {url} cannot be reached ({doing}): {type(cause).__name__}: {cause}")
 
 
@@ -118,10 +143,28 @@ def _retried(url: str, doing: str, call, reading: bool = False, first: bool = Fa
 
 
 def join(root: str, relative: str) -> str:
-    """``relative`` under ``root`` (a URL or a local folder)."""
-    if is_url(root):
-        return root.rstrip("/") + "/" + relative
-    return os.path.join(root, relative)
+    """``relative`` under ``root`` (a URL or a local folder). For a URL, ``root`` is a folder (with
+    or without its trailing slash) and the result never leaves its host: ``..`` stops at the
+    server's root and an absolute ``relative`` (``/x``, ``http://other/x``) is a path on that host,
+    the way :func:`urllib.parse.urljoin` resolves against ``root + "/"`` minus other hosts."""
+    if not is_url(root):
+        return os.path.join(root, relative)
+    scheme, host, path, _, _ = urlsplit(root)
+    rel = "/" + relative.partition("://")[2].partition("/")[2] if "://" in relative else relative
+    joined = posixpath.normpath(posixpath.join("/" + path.strip("/"), rel)) if rel else "/" + path.strip("/")
+    joined = "/" + joined.lstrip("/")  # normpath keeps a leading "//"
+    if rel.endswith("/") and not joined.endswith("/"):
+        joined += "/"
+    return urlunsplit((scheme, host, joined, "", ""))
+
+
+def folder(location: str) -> str:
+    """The folder holding ``location`` (a URL: its path up to the last slash, at least the server's
+    root ``scheme://host/``; a local path: its parent)."""
+    if not is_url(location):
+        return os.path.dirname(location)
+    scheme, host, path, _, _ = urlsplit(location)
+    return urlunsplit((scheme, host, path.rpartition("/")[0] + "/", "", ""))
 
 
 def common_root(locations: list[str]) -> str:
@@ -214,31 +257,45 @@ def open_file(url: str, reading: bool = False):
     return _retried(url, "opening", lambda: filesystem(url).open(url, "rb", block_size=FETCH_CHUNK), reading)
 
 
-def fetch(url: str, dest: str, size: int | None = None, stop: threading.Event | None = None,
+def _stream(url: str, write, limit: int, stop: threading.Event | None = None) -> int:
+    """One streamed GET of ``url``, each chunk given to ``write``, never more than ``limit`` bytes
+    read (a server that sends more is detected by the one byte past it): returns the bytes read."""
+    read = 0
+    with filesystem(url).open(url, "rb", block_size=0) as src:
+        while True:
+            if stop is not None and stop.is_set():
+                raise InterruptedError(f"download of {url} stopped")
+            chunk = src.read(min(FETCH_CHUNK, limit - read))
+            if not chunk:
+                return read
+            write(chunk)
+            read += len(chunk)
+            if read >= limit:
+                return read
+
+
+def fetch(url: str, dest: str, size: int, stop: threading.Event | None = None,
           part: str | None = None) -> int:
     """Copy ``url`` whole to ``dest`` (through ``part``, default ``dest.part``, renamed when
-    complete and of the expected ``size``); returns the bytes written. ``stop`` set: give up
-    (InterruptedError, the part file removed)."""
+    complete and of the expected ``size``); returns the bytes written. At most ``size + 1`` bytes
+    are read: a server sending more (the file grew, or it sends without end) is refused naming the
+    URL and both sizes. ``stop`` set: give up (InterruptedError, the part file removed)."""
     part = part or dest + ".part"
 
     def copy() -> int:
-        written = 0
         try:
             out = open(part, "wb")
         except OSError as exc:
             raise _Local(exc) from None
-        with filesystem(url).open(url, "rb", block_size=0) as src, out:  # one streamed GET
-            while True:
-                if stop is not None and stop.is_set():
-                    raise InterruptedError(f"download of {url} stopped")
-                chunk = src.read(FETCH_CHUNK)
-                if not chunk:
-                    return written
-                try:
-                    out.write(chunk)
-                except OSError as exc:
-                    raise _Local(exc) from None
-                written += len(chunk)
+
+        def write(chunk: bytes) -> None:
+            try:
+                out.write(chunk)
+            except OSError as exc:
+                raise _Local(exc) from None
+
+        with out:
+            return _stream(url, write, size + 1, stop)
 
     try:
         written = _retried(url, "downloading", copy)
@@ -248,12 +305,41 @@ def fetch(url: str, dest: str, size: int | None = None, stop: threading.Event | 
     except BaseException:
         _remove(part)
         raise
-    if size is not None and written != size:
+    if written > size:
+        _remove(part)
+        raise DataError(f"shard {url}: the server sent more than the {size:,} bytes it said the file has (stopped "
+                        f"after {written:,}): the file changed on the server, or the server does not serve what it "
+                        f"describes")
+    if written != size:
         _remove(part)
         raise DataError(f"shard {url}: downloaded {written:,} bytes, the index recorded {size:,} (the file changed "
                         f"on the server or the transfer was cut short)")
     os.replace(part, dest)
     return written
+
+
+def read_small(url: str, what: str, cap: int | None = None) -> bytes | None:
+    """The whole of a small file ``url`` such as a ``manifest.json`` (None if the server has none):
+    refused in one DataError naming ``what``, the URL and the cap (default :data:`MANIFEST_BYTES`)
+    when its size says it is larger, or when more than the cap arrives (never read past it)."""
+    cap = MANIFEST_BYTES if cap is None else cap
+    try:
+        size, _ = stat(url)
+    except DataError:
+        return None  # not found (or not reachable: the shards' own reads name the server)
+    too_large = (f"{what} {url} is larger than the {cap:,} bytes a {what} may have (remote.MANIFEST_BYTES); "
+                 f"its server")
+    if size > cap:
+        raise DataError(f"{too_large} says {size:,} bytes")
+    parts: list[bytes] = []
+
+    def read() -> int:
+        parts.clear()
+        return _stream(url, parts.append, cap + 1)
+
+    if _retried(url, f"reading the {what}", read) > cap:
+        raise DataError(f"{too_large} sent more than that (it said {size:,} bytes)")
+    return b"".join(parts)
 
 
 def _remove(path: str) -> None:

@@ -21,9 +21,12 @@ is cached per host like an ImageFolder's (:mod:`hvdtrain.data.entries`), keyed b
 path, size and modification time.
 
 Remote shards (URLs, :mod:`hvdtrain.data.remote`) are indexed the same way: a tar or Arrow file is
-copied once to a temporary local file (:data:`SCAN_DOWNLOADS` at a time), scanned there and deleted (reading tar headers one range
+copied once to a temporary local file (:data:`SCAN_DOWNLOADS` at a time, never past the size its
+server gave), scanned there and deleted (reading tar headers one range
 request each would cost a request per member); a Parquet file's footer and label column are read
-by range requests. The cache key holds each URL's size and ETag (or Last-Modified).
+by range requests. The cache key holds each URL's size and ETag (or Last-Modified). A remote
+``manifest.json`` is looked up on the shards' host (beside the first shard, then one folder up,
+never above the server's root) and read only up to :data:`~hvdtrain.data.remote.MANIFEST_BYTES`.
 """
 
 from __future__ import annotations
@@ -214,15 +217,21 @@ def scan_tar(path: Path, shard: int, scan: Scan) -> None:
     scan.add(shard, keys, labels, a, b)
 
 
+def manifest_places(first: str | Path) -> list:
+    """Where :func:`manifest_classes` looks for the ``manifest.json`` of shard ``first``: beside it,
+    then in its parent folder, each once; for a URL on its host, never above the server's root (a
+    shard at ``http://host/`` looked up ``http://manifest.json``, a host of that name, and
+    ``s3://bucket/`` the bucket ``manifest.json``)."""
+    first = str(first)
+    if remote.is_url(first):
+        folder = remote.folder(first)
+        return list(dict.fromkeys([remote.join(folder, "manifest.json"), remote.join(folder, "../manifest.json")]))
+    return list(dict.fromkeys([Path(first).parent / "manifest.json", Path(first).parent.parent / "manifest.json"]))
+
+
 def manifest_classes(shards: list) -> list[str] | None:
     """``classes`` of a ``manifest.json`` beside the first shard or in its parent folder."""
-    first = str(shards[0])
-    if remote.is_url(first):
-        folder = first.rsplit("/", 1)[0]
-        places = [folder + "/manifest.json", folder.rsplit("/", 1)[0] + "/manifest.json"]
-    else:
-        places = [Path(first).parent / "manifest.json", Path(first).parent.parent / "manifest.json"]
-    for manifest in places:
+    for manifest in manifest_places(shards[0]):
         text = _manifest_text(manifest)
         if text is None:
             continue
@@ -238,7 +247,8 @@ def manifest_classes(shards: list) -> list[str] | None:
 
 
 def _manifest_text(manifest) -> str | None:
-    """A manifest's text, or None if there is none."""
+    """A manifest's text, or None if there is none; a remote one larger than
+    :data:`~hvdtrain.data.remote.MANIFEST_BYTES` is refused without being read past that."""
     if isinstance(manifest, Path):
         if not manifest.is_file():
             return None
@@ -246,11 +256,8 @@ def _manifest_text(manifest) -> str | None:
             return manifest.read_text()
         except OSError as exc:
             raise DataError(f"manifest {manifest} cannot be read: {exc}") from None
-    try:
-        size, _ = remote.stat(manifest)
-    except DataError:
-        return None  # not found
-    return remote.read_range(manifest, 0, size).decode("utf-8", "replace")
+    data = remote.read_small(manifest, "manifest")
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 # --- Parquet and Arrow -----------------------------------------------------------------------------
@@ -490,11 +497,11 @@ def check_recorded_counts(scan: Scan, shards: list, recorded: dict[str, tuple[in
                             f"shard and the manifest disagree; restore them or convert again")
 
 
-def _fingerprint(fmt: str, shards: list, options: list) -> str:
+def _fingerprint(fmt: str, shards: list, options: list, stats: dict[str, tuple[int, str]]) -> str:
     parts = [str(SHARD_INDEX_VERSION), fmt, json.dumps(options)]
     for shard in shards:
         if remote.is_url(shard):
-            size, version = remote.stat(shard)
+            size, version = stats[shard]
             parts.append(f"{shard}:{size}:{version}")
             continue
         stat = shard.stat()
@@ -527,7 +534,8 @@ def _scannable(shard, download: tuple[Future, str] | None):
 
 
 def _build(fmt: str, shards: list, root, classes: list[str] | None, image_column: str | None,
-           label_column: str | None, recorded: dict[str, tuple[int, Path]] | None = None) -> tuple[dict, dict]:
+           label_column: str | None, recorded: dict[str, tuple[int, Path]] | None = None,
+           stats: dict[str, tuple[int, str]] | None = None) -> tuple[dict, dict]:
     scan = Scan()
     copied = [remote.is_url(s) and fmt != "parquet" for s in shards]  # remote Parquet: footers read in place
     downloads: dict[int, tuple[Future, str]] = {}
@@ -538,7 +546,8 @@ def _build(fmt: str, shards: list, root, classes: list[str] | None, image_column
                 for j in range(i, min(i + SCAN_DOWNLOADS, len(shards))):  # the next few copies, under way
                     if copied[j] and j not in downloads:
                         copy = os.path.join(scratch, f"{j:06d}-{os.path.basename(shards[j].rstrip('/')) or 'shard'}")
-                        downloads[j] = (pool.submit(remote.fetch, shards[j], copy), copy)
+                        size = stats[shards[j]][0]  # what the server said: never downloaded past it
+                        downloads[j] = (pool.submit(remote.fetch, shards[j], copy, size), copy)
                 with _scannable(shard, downloads.pop(i, None)) as path:
                     if fmt == "webdataset":
                         scan_tar(path, i, scan)
@@ -592,12 +601,13 @@ def load_shard_index(shards: list[str | Path], fmt: str, *, classes: list[str] |
         recorded = check_conversion(shards)
         root = Path(os.path.commonpath([s.parent for s in shards]))
     options = [classes, image_column, label_column]
-    key = _fingerprint(fmt, shards, options)
+    stats = {s: remote.stat(s) for s in shards if remote.is_url(s)}  # (size, version): the cache key, the copies' bound
+    key = _fingerprint(fmt, shards, options, stats)
     identity = "\n".join([fmt, *map(str, shards), json.dumps(options)]).encode("utf-8", "surrogateescape")
     stem = Path(str(shards[0]).rsplit("/", 1)[-1]).stem
     label = f"{fmt}-{stem}".encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     slot = slot_path(cache, identity, label)
     entry, meta, arrays, built = load_entry(slot, key, ARRAYS,
                                             lambda: _build(fmt, shards, root, classes, image_column, label_column,
-                                                           recorded))
+                                                           recorded, stats))
     return index_of(root, entry, meta, arrays, built)
