@@ -18,11 +18,18 @@ pixels (89.5 M by default); Pillow itself refuses files of more than twice that 
 warns in between, so a 90-180 Mpx PNG would otherwise be decoded whole in every worker. A larger
 one is an unreadable file (``image.bad_files`` decides). 16-bit and 32-bit integer images (16-bit
 PNG and TIFF) are scaled to 8 bits (``round(v * 255 / 65535)``) instead of being clipped at 255.
+32-bit float images (Pillow's mode ``F``: float TIFFs) hold values in [0, 1] and are scaled to
+0-255 (``round(v * 255)``); Pillow's own conversion clipped them, so [0, 1] decoded black. A float
+image with values outside [0, 1] (or NaN) is refused as unreadable, naming its range: scaling each
+image by its own range would change what a pixel value means from one file to the next.
+
+Only the formats the data layer documents are opened (:data:`~hvdtrain.data.index.PILLOW_FORMATS`:
+JPEG, PNG, BMP, GIF, WebP, TIFF, PPM), whatever the file's name says; any other format Pillow
+knows (EPS through Ghostscript, PSD, ...) is an unreadable file.
 """
 
 from __future__ import annotations
 
-import io
 import warnings
 from pathlib import Path
 from typing import BinaryIO
@@ -32,10 +39,13 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from hvdtrain.data.index import open_image
 from hvdtrain.data.transforms import SampleOp, TransformPolicy, pad_crop
 
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 WIDE_INTEGER_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N")
+FLOAT_MODES = ("F",)  # 32-bit float, one channel: values in [0, 1]
+FLOAT_SLACK = 1e-3  # a float pixel this far outside [0, 1] is rounding (clipped), beyond it the image is refused
 # The bound is enforced below on what is decoded; Pillow's warning at open would only be noise.
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
@@ -52,6 +62,18 @@ def to_8bit(img: Image.Image) -> Image.Image:
     """A 16-bit (or 32-bit integer) single-channel image as 8-bit ``L``, scaled from 0-65535."""
     wide = np.asarray(img).astype(np.int64)
     return Image.fromarray(((np.clip(wide, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8), mode="L")
+
+
+def float_to_8bit(img: Image.Image) -> Image.Image:
+    """A float image (mode ``F``) with values in [0, 1] as 8-bit ``L`` (``round(v * 255)``); one
+    with values outside [0, 1] (beyond :data:`FLOAT_SLACK`) or not finite raises ValueError
+    naming its range."""
+    values = np.asarray(img, dtype=np.float32)
+    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    if not (np.isfinite(low) and np.isfinite(high)) or low < -FLOAT_SLACK or high > 1 + FLOAT_SLACK:
+        raise ValueError(f"it is a 32-bit float image with values in [{low:g}, {high:g}]; a float image must "
+                         f"hold values in [0, 1] (decoded as 0-255): rescale it, or save it as 8 or 16 bits")
+    return Image.fromarray(np.rint(np.clip(values, 0, 1) * 255).astype(np.uint8), mode="L")
 
 
 def read_size(img: Image.Image) -> tuple[int, int]:
@@ -114,7 +136,7 @@ def decode_pillow(data: bytes, policy: TransformPolicy, op_for, grayscale: bool)
     """:func:`decode` through Pillow: formats other than JPEG, and CMYK/YCCK JPEGs."""
     mode = "L" if grayscale else "RGB"
     size = policy.size
-    with Image.open(io.BytesIO(data)) as img:
+    with open_image(data) as img:
         width, height = img.size
         op: SampleOp = op_for(width, height)
         box = op.box or (0, 0, width, height)
@@ -127,6 +149,8 @@ def decode_pillow(data: bytes, policy: TransformPolicy, op_for, grayscale: bool)
         check_decoded_size(*img.size)
         if img.mode in WIDE_INTEGER_MODES:
             img = to_8bit(img)
+        elif img.mode in FLOAT_MODES:
+            img = float_to_8bit(img)
         if img.mode != mode:
             img = img.convert(mode)
         scaled = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)

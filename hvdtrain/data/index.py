@@ -32,6 +32,10 @@ from hvdtrain.data.errors import DataError  # noqa: F401  (raised here, imported
 from hvdtrain.data.reader import SampleReader
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# What Pillow may open (whatever a file's name): the formats of IMAGE_EXTENSIONS and of the shards'
+# members (shards.TAR_IMAGES adds .ppm; a camera's multi-picture JPEG opens as JPEG). Not every
+# format Pillow knows: EPS (through Ghostscript), PSD, FLI and the others are refused as unreadable.
+PILLOW_FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP", "TIFF", "PPM")
 INDEX_VERSION = 2
 SAMPLE = 32  # image headers read per split, spread evenly over the index
 SINGLE_CHANNEL = ("1", "L", "LA", "La", "I", "F", "I;16", "I;16B", "I;16L", "I;16N")
@@ -102,19 +106,31 @@ def key_arrays(keys: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(keys), dtype=np.uint8), offsets
 
 
+def open_image(data: bytes):
+    """Pillow's image of the encoded ``data``, opened only as one of :data:`PILLOW_FORMATS`; another
+    format raises Pillow's UnidentifiedImageError (an OSError) saying which formats are read."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        return Image.open(io.BytesIO(data), formats=PILLOW_FORMATS)
+    except UnidentifiedImageError:
+        raise UnidentifiedImageError(f"not an image in a format read here ({', '.join(PILLOW_FORMATS)}; "
+                                     f"{bytes(data[:8])!r}...)") from None
+
+
 def sample_headers(reader: SampleReader, count: int, where: str) -> list[tuple[int, int, str]]:
     """``(width, height, mode)`` of up to :data:`SAMPLE` images spread evenly over the ``count``
     samples (only headers are parsed); unreadable ones are left out (the decoder reports or
     replaces them later). ``where`` names the data in the error if none is readable."""
-    import io
-
     from PIL import Image
 
     positions = sorted(set(np.linspace(0, count - 1, num=min(count, SAMPLE)).round().astype(int).tolist()))
     sample, error = [], None
     for position in positions:
         try:
-            with Image.open(io.BytesIO(reader.read(position))) as img:
+            with open_image(reader.read(position)) as img:
                 sample.append((int(img.size[0]), int(img.size[1]), str(img.mode)))
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             error = error or f"cannot read image {reader.name(position)}: {exc}"

@@ -1,7 +1,8 @@
 """Image trees as users bring them (issue 22, item 8 and the index's publication): the colour mode
 and size are decided from a sample of the training tree and kept for validation; 16-bit files are
-scaled, not clipped; oversized and non-UTF-8-named files are named or handled; a rebuilt index
-never changes under a live job, and two copies of a tree give the same fingerprint."""
+scaled, not clipped, and float files scaled from [0, 1] (issue 63); only the documented formats
+are opened; oversized and non-UTF-8-named files are named or handled; a rebuilt index never
+changes under a live job, and two copies of a tree give the same fingerprint."""
 
 import os
 import pickle
@@ -78,6 +79,56 @@ def test_16_bit_images_are_scaled_not_clipped(tmp_path, suffix):
     x, _ = train.get_batch(np.arange(1), -1)
     expected = (values.astype(np.int64) * 255 + 32767) // 65535
     np.testing.assert_array_equal(x[0, :, :, 0], expected)  # was 255 (white) from 1000 on
+
+
+def float_tree(root, values):
+    """A tree of 32-bit float TIFFs written by Pillow (mode F): ``values`` in every file."""
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            Image.fromarray(values).save(root / split / c / "0.tif")
+    assert Image.open(root / "train" / "a" / "0.tif").mode == "F"
+    return root
+
+
+def test_float_images_in_0_1_are_scaled_in_training_and_predict(tmp_path):
+    """Issue 63, item 10: Pillow's convert clipped mode F, so [0, 1] decoded black (predict: "dark
+    1.0000" for a light image)."""
+    from hvdtrain_recipes.image_classification.predict import load_images
+
+    values = np.linspace(0.5, 1.0, 64, dtype=np.float32).reshape(8, 8)  # a light image
+    float_tree(tmp_path, values)
+    expected = np.rint(values * 255).astype(np.uint8)
+    train, _, _ = load(tmp_path)
+    assert train.grayscale and train.policy.size == 8
+    x, _ = train.get_batch(np.arange(1), -1)
+    np.testing.assert_array_equal(x[0, :, :, 0], expected)  # was 0 (or 1) everywhere
+    record = {"transform": "resize", "size": 8, "val_crop": 1.0, "grayscale": True}
+    predicted = load_images([str(tmp_path / "val" / "a" / "0.tif")], record)
+    np.testing.assert_array_equal(predicted[0, :, :, 0], expected)  # the same decoder as training
+
+
+def test_a_float_image_outside_0_1_is_refused_naming_its_range(tmp_path):
+    float_tree(tmp_path, np.linspace(0, 200, 64, dtype=np.float32).reshape(8, 8))
+    train, _, _ = load(tmp_path)
+    with pytest.raises(DataError) as err:  # was: clipped at 255 without a word
+        train.get_batch(np.arange(1), -1)
+    assert "0.tif" in str(err.value) and "float image with values in [0, 200]" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("fmt", ["PCX", "TGA", "EPS"])
+def test_only_the_documented_formats_are_opened(tmp_path, fmt):
+    """Hypothesis b of issue 63: Pillow opened every format it knows (EPS through Ghostscript where
+    installed), whatever the file's name; now only JPEG, PNG, BMP, GIF, WebP, TIFF and PPM."""
+    tree(tmp_path, per_class=2)
+    bad = tmp_path / "train" / "a" / "1.png"
+    Image.fromarray(np.full((40, 40, 3), 90, np.uint8)).save(bad, format=fmt)  # a .png that is not one
+    train, _, _ = load(tmp_path)
+    order = [train.index.relpath(i) for i in range(len(train))]
+    with pytest.raises(DataError) as err:  # was: decoded (PCX, TGA) or handed to Ghostscript (EPS)
+        train.get_batch(np.asarray([order.index("a/1.png")]), -1)
+    assert str(bad) in str(err.value) and "not an image in a format read here (JPEG, PNG" in str(err.value)
 
 
 def test_decompression_bomb_in_the_sample_is_a_data_error(tmp_path, monkeypatch):
