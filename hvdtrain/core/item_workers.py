@@ -21,7 +21,11 @@ samples, their order and the collated arrays are the ones the trainer's own thre
   ``DataLoader`` seeds each worker once, base seed + worker id).
 * A collated batch travels through a shared-memory slot of the trainer (pickle protocol 5, the
   arrays out of band: one copy into the slot, one out); a batch larger than the slot travels
-  through the pipe and the next slots are made large enough.
+  through the pipe. Slots are as large as the largest of the last :data:`SLOT_WINDOW` batches that
+  is not an outlier (more than :data:`SLOT_OUTLIER` times their median): a batch of ordinary size
+  that outgrows the slots makes the next ones larger, one outlier (a 2 GB item) travels through the
+  pipe and no slot is made, or kept, at its size (before, every slot grew to it for the rest of the
+  pass: ``W + prefetch`` times its size held per rank).
 * An item whose ``__getitem__`` raises is named (:class:`~hvdtrain.core.sources.ItemError`,
   ``TrainTask.train_data[1234]: ...`` with the worker's traceback), raised at that batch's
   position; a worker that dies is named with its exit code (:class:`WorkerDied`).
@@ -54,6 +58,8 @@ from hvdtrain.core.sources import ItemError
 
 MAX_DEFAULT_WORKERS = 4  # each worker holds a copy of the source (and imports what its items need)
 SLOT_ROUND = 1 << 16
+SLOT_WINDOW = 64  # the last batches whose sizes set the slots' size
+SLOT_OUTLIER = 4  # a batch more than this many times the window's median is an outlier: no slot sized for it
 _POOLS: dict[int, "ItemWorkers"] = {}  # this process's pools, by number of workers
 _SOURCES: "weakref.WeakKeyDictionary[Any, tuple[ItemWorkers, int, int] | None]" = weakref.WeakKeyDictionary()
 
@@ -180,7 +186,8 @@ class ItemWorkers:
         self._arrived: dict[tuple[int, int], tuple[Any, shared_memory.SharedMemory | None]] = {}
         self._loads: dict[int, dict[int, str | None]] = {}
         self._live: set[int] = set()
-        self._generation, self._need, self._sources = 0, 0, 0
+        self._generation, self._sources = 0, 0
+        self._sizes: collections.deque[int] = collections.deque(maxlen=SLOT_WINDOW)  # recent batches' bytes
         remove_dead_segments()  # what trainers killed with their resource tracker left on this host
         ctx = mp.get_context("spawn")
         self.results = ctx.Queue()
@@ -238,15 +245,37 @@ class ItemWorkers:
                     raise WorkerDied(f"TrainTask.{field}: data worker {dead[0].name} (pid {dead[0].pid}) ended "
                                      f"with exit code {dead[0].exitcode} while reading items") from None
 
+    def slot_size(self) -> int:
+        """The bytes a slot is made with now: the largest of the recent batches (:data:`SLOT_WINDOW`)
+        that is at most :data:`SLOT_OUTLIER` times their median, rounded up (0 before the first)."""
+        if not self._sizes:
+            return 0
+        ordered = sorted(self._sizes)
+        median = ordered[(len(ordered) - 1) // 2]
+        typical = max(n for n in ordered if n <= SLOT_OUTLIER * median)
+        return -(-typical // SLOT_ROUND) * SLOT_ROUND
+
     def _slot(self) -> shared_memory.SharedMemory | None:
-        """A free slot as large as the largest batch seen (None before the first one arrived)."""
+        """A free slot of :meth:`slot_size` (one that is smaller, or more than :data:`SLOT_OUTLIER`
+        times larger, is replaced); None before the first batch arrived."""
         slot = self._free.pop() if self._free else None
-        if self._need and (slot is None or slot.size < self._need):
+        size = self.slot_size()
+        if size and (slot is None or slot.size < size or slot.size > SLOT_OUTLIER * size):
             if slot is not None:
                 self._unlink(slot)
-            size = -(-self._need // SLOT_ROUND) * SLOT_ROUND
             slot = shared_memory.SharedMemory(name=segment_name(), create=True, size=size)
         return slot
+
+    def _release(self, slot: shared_memory.SharedMemory | None) -> None:
+        """A slot back from a batch: kept for the next one, or unlinked when it is more than
+        :data:`SLOT_OUTLIER` times :meth:`slot_size` (the memory of an outlier is not held)."""
+        if slot is None:
+            return
+        size = self.slot_size()
+        if size and slot.size > SLOT_OUTLIER * size:
+            self._unlink(slot)
+        else:
+            self._free.append(slot)
 
     @staticmethod
     def _unlink(slot: shared_memory.SharedMemory) -> None:
@@ -264,11 +293,11 @@ class ItemWorkers:
         key = message[1]
         slot = self._pending.pop(key, None)
         if message[0] == "batch":
-            self._need = max(self._need, message[4])
+            self._sizes.append(message[4])
         if key[0] in self._live:
             self._arrived[key] = (message, slot)
-        elif slot is not None:
-            self._free.append(slot)  # a batch of an iteration that was left early
+        else:
+            self._release(slot)  # a batch of an iteration that was left early
 
     def _take(self, key: tuple[int, int], field: str) -> Any:
         while key not in self._arrived:
@@ -286,8 +315,7 @@ class ItemWorkers:
                 offset += n
             return pickle.loads(data, buffers=views)
         finally:
-            if slot is not None:
-                self._free.append(slot)
+            self._release(slot)
 
     def batches(self, sid: int, index_lists: Iterable[np.ndarray], epoch: int, depth: int,
                 field: str = "data") -> Iterator[Any]:
@@ -314,9 +342,7 @@ class ItemWorkers:
         finally:
             self._live.discard(generation)
             for key in [k for k in self._arrived if k[0] == generation]:
-                slot = self._arrived.pop(key)[1]
-                if slot is not None:
-                    self._free.append(slot)
+                self._release(self._arrived.pop(key)[1])
 
     def close(self) -> None:
         """Stop the workers and unlink every slot (idempotent)."""

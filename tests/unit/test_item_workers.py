@@ -1,7 +1,8 @@
 """Issue 38 item 1: a map-style source's ``__getitem__`` and collation run in ``data.workers`` worker
 processes (hvdtrain.core.item_workers), giving the batches the loop's thread gives, in the same
 order; a raising item is named; a source that cannot be pickled falls back to the thread with one
-line; no process or shared-memory segment is left behind.
+line; no process or shared-memory segment is left behind; one large item does not size the slots
+(issue 63).
 
 The witness that items are read off the trainer's process is the pid ``__getitem__`` sees (not a
 timing)."""
@@ -114,6 +115,38 @@ def test_workers_read_the_items_off_the_trainer_in_the_threads_order(workers, de
     _same(_without(pooled, "pid", "draw"), _without(threaded, "pid", "draw"))
     assert [list(t) for _, t in pooled] == [list(b % 5) for b in batches]
     assert not item_workers._POOLS[workers].closed
+
+
+class Outlier:
+    """Items of ``small`` bytes, the 4 from ``at`` of ``big`` bytes (one batch of large items in a pass)."""
+
+    def __init__(self, n: int, small: int, big: int, at: int) -> None:
+        self.n, self.small, self.big, self.at = n, small, big, at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"x": np.full(self.big if self.at <= i < self.at + 4 else self.small, i % 251, np.uint8),
+                "label": i % 3}
+
+
+def test_one_large_item_does_not_inflate_every_slot_for_the_rest_of_the_pass():
+    """Issue 63, item 11: after one outlier every slot grew to it (4 slots x 200 MiB held; at the
+    defaults a 2 GB item held 12 GB per rank). The witness: the sizes of the shared-memory segments
+    the pool holds after the pass, read from /dev/shm."""
+    small, big = 64 << 10, 8 << 20
+    source = as_source(Outlier(96, small, big, at=20))
+    batches = [np.arange(i, i + 4) for i in range(0, 96, 4)]
+    pooled = _read(source, batches, 2, depth=2)
+    assert [int(inputs["x"][k].max()) for inputs, _ in pooled for k in range(4)] == [i % 251 for i in range(96)]
+    assert pooled[5][0]["x"].shape == (4, big)  # the outlier's batch arrived whole (through the pipe)
+    pool = item_workers._SOURCES[source][0]
+    assert not pool._pending and not pool._arrived
+    held = [os.path.getsize(f"/dev/shm/{slot.name}") for slot in pool._free]
+    typical = 4 * small  # one batch of ordinary items
+    assert held and max(held) <= 2 * typical, held  # was 4 x 64 MiB: every slot at the outlier's batch size
+    assert sum(held) < 4 * big, held
 
 
 @pytest.mark.parametrize("workers,depth,where", [(0, 2, "hvdtrain-prefetch"), (0, 0, "MainThread"),
