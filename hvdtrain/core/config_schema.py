@@ -77,6 +77,11 @@ class DataConfig:
     workers: int | None = _f(None, "processes per rank that read and collate the items of a map-style Dataset "
                              "or a Hugging Face dataset, whole batches each, in order; None: the cores each local "
                              "rank can have, at most 4; 0: the background thread reads them", min=0)
+    stream_max_gib: float = _f(4.0, "memory a stream (a torch IterableDataset, an unbatched tf.data.Dataset) may "
+                               "hold on each rank once read into memory, in Python's object sizes (containers, "
+                               "scalars and array headers counted)", min=0.0, min_exclusive=True)
+    stream_max_elements: int = _f(50_000_000, "elements a stream may yield (it is read into memory on every rank; "
+                                  "one that never ends is refused at this count)", min=1)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrain.core import (batching, dataset_check, early_stop, elastic, optimizer_policy, reproducible, resume, rules,
-                           startup, step_limit)
+                           startup, step_limit, streams)
 from hvdtrain.core.adapter import FrameworkAdapter, NonFiniteGradientError, load_adapter
 from hvdtrain.core.callbacks import Callback, CallbackList
 from hvdtrain.core.checkpoint import CheckpointManager
@@ -111,7 +111,8 @@ class Trainer:
                 gate.print(where)
 
         self.watchdog.beat(0, "building the recipe's model and data")
-        with self.watchdog.phase("building the recipe's model and data (a cold image index or token cache)"):
+        with self.watchdog.phase("building the recipe's model and data (a cold image index or token cache)"), \
+                streams.limits(cfg.data.stream_max_gib, cfg.data.stream_max_elements):  # streams read into memory
             task = builder(cfg, ctx)
         rules.check_task(task, cfg)
         if len(task.train_data) < ctx.size:
