@@ -6,6 +6,7 @@ that hangs, a NaN batch, a crash between writing a checkpoint and publishing it.
 
 import hashlib
 import json
+import re
 import resource
 import signal
 
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 
 from jobs import horovodrun, hvdtrain_cli, run
+
+from hvdtrain.core.watchdog import STALL_EXIT_CODE
 
 # 256 samples / 2 ranks / batch 16 = 8 optimizer steps per epoch.
 TINY = ["--batch-size", "16", "--set", "data.max_train_samples=256", "--set", "data.max_val_samples=64",
@@ -54,6 +57,8 @@ def test_a_hung_rank_becomes_an_error_after_the_stall_timeout(tmp_path):
     assert "train.stall_timeout_sec=10" in output
     assert "rank 1 did not arrive at the collective" in output
     assert "rank 0: no progress" in output and "waiting in collectives" in output
+    # the stall's own exit code, not the preemption's 75 (a job script requeues on 75): horovodrun names it
+    assert re.search(rf"exit with status code {STALL_EXIT_CODE}|exit code:? {STALL_EXIT_CODE}", output), output[-3000:]
 
 
 @pytest.mark.distributed
