@@ -1,7 +1,11 @@
 """``hvdtrain report RUN_DIR``: PNG plots of a run's curves and a one-page summary (matplotlib).
 
 Reads ``metrics.jsonl`` (one line per epoch) and, when present, the TensorBoard event files rank 0
-wrote next to it (one point per step), and writes into ``RUN_DIR/report/``:
+wrote next to it (one point per step), and writes into ``RUN_DIR/report/``. A run of your own loop
+(``hvdtrain.torch.prepare``: recipe ``own-loop``) is read the same way: its rows are the metrics
+your script passed to ``run.save`` (a ``loss`` is drawn as the training loss), and the number of
+workers comes from its newest checkpoint's manifest. A folder without ``metrics.jsonl`` is named
+with what it holds instead (checkpoints without metrics, a run's ``checkpoints/`` folder).
 
 * ``loss.png``: step loss, and train/validation loss per epoch;
 * ``accuracy.png``: validation accuracy (and any other ``val_*`` metric except loss) per epoch;
@@ -20,6 +24,7 @@ from typing import Any
 import yaml
 
 from hvdtrain.core.loop import CONFIG_FILE, METRICS_FILE
+from hvdtrain.core.own_loop import RECIPE as OWN_LOOP
 
 REPORT_DIR = "report"
 PLOTS = ("loss", "accuracy", "lr", "throughput")
@@ -63,8 +68,7 @@ def load_run(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir)
     metrics = run_dir / METRICS_FILE
     if not metrics.is_file():
-        raise ReportError(f"{run_dir} has no {METRICS_FILE}: not an hvdtrain output directory, or no epoch "
-                          f"finished yet")
+        raise ReportError(_no_metrics(run_dir))
     try:
         text = metrics.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -89,7 +93,48 @@ def load_run(run_dir: str | Path) -> RunData:
         steps = read_scalars(run_dir)
     except ImportError:
         pass  # without the tensorboard package the per-epoch curves are drawn alone
-    return RunData(run_dir, epochs, steps, config or {})
+    config = config if isinstance(config, dict) else {}
+    if config.get("recipe") == OWN_LOOP and not any("world_size" in r for r in epochs):
+        workers = _newest_manifest(run_dir).get("world_size")  # your loop's rows hold only your metrics
+        if isinstance(workers, int):
+            config = {**config, "workers": workers}
+    return RunData(run_dir, epochs, steps, config)
+
+
+def _recipe(run_dir: Path) -> str | None:
+    """The recipe ``run_dir/config.yaml`` names, if it is readable."""
+    try:
+        saved = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return saved.get("recipe") if isinstance(saved, dict) else None
+
+
+def _newest_manifest(run_dir: Path) -> dict[str, Any]:
+    """The newest checkpoint's manifest under ``run_dir/checkpoints`` (``{}`` if none is readable)."""
+    folders = sorted((run_dir / "checkpoints").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    for path in reversed(folders):
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(manifest, dict):
+            return manifest
+    return {}
+
+
+def _no_metrics(run_dir: Path) -> str:
+    """What a folder without ``metrics.jsonl`` is, in one line, and what the report needs."""
+    if run_dir.name == "checkpoints" and (run_dir.parent / METRICS_FILE).is_file():
+        return f"{run_dir} is a run's checkpoints folder: report the run, `hvdtrain report {run_dir.parent}`"
+    has_checkpoints = (run_dir / "checkpoints").is_dir()
+    if _recipe(run_dir) == OWN_LOOP:
+        return (f"{run_dir} has no {METRICS_FILE}: this run was trained by your own script (own-loop), which "
+                f"saved no metrics yet; pass them as `run.save({str(run_dir)!r}, {{'loss': ...}})` at an epoch's "
+                f"end and the report plots them")
+    if has_checkpoints or (run_dir / CONFIG_FILE).is_file():
+        return f"{run_dir} has no {METRICS_FILE} yet: no epoch finished with its metrics (its rows are the curves)"
+    return f"{run_dir} has no {METRICS_FILE}: not an hvdtrain output directory, or no epoch finished yet"
 
 
 def _pyplot():
@@ -116,7 +161,8 @@ def _draw_loss(ax: Any, data: RunData) -> None:
     x, y = data.step_series("step/loss")
     if x:
         ax.plot(x, y, color="tab:blue", alpha=0.35, linewidth=0.8, label="train loss (rank 0, per step)")
-    for key, color, name in (("train_loss", "tab:blue", "train loss (epoch)"),
+    train_key = "train_loss" if data.epoch_series("train_loss")[0] else "loss"  # your own loop's "loss"
+    for key, color, name in ((train_key, "tab:blue", "train loss (epoch)"),
                              ("val_loss", "tab:orange", "validation loss (epoch)")):
         epochs, values = data.epoch_series(key)
         if epochs:
@@ -183,25 +229,28 @@ def summary_lines(data: RunData) -> list[tuple[str, str]]:
     train, optim, model = cfg.get("train", {}), cfg.get("optim", {}), cfg.get("model", {})
     best = max((r for r in data.epochs if "val_accuracy" in r), key=lambda r: r["val_accuracy"], default=None)
     total_time = sum(r.get("epoch_time_sec", 0.0) for r in data.epochs)
+    own = cfg.get("recipe") == OWN_LOOP
     lines = [
         ("run", str(data.run_dir)),
         ("recipe / framework", f"{cfg.get('recipe', '?')} / {cfg.get('framework', '?')}"),
-        ("model", str(model.get("name", "?"))),
-        ("workers", str(final.get("world_size", "?"))),
-        ("epochs", f"{final.get('epoch')} of {train.get('epochs', '?')}"),
+        ("model", "your own (prepare())" if own else str(model.get("name", "?"))),
+        ("workers", str(final.get("world_size", cfg.get("workers", "?")))),
+        ("epochs", str(final.get("epoch")) if own else f"{final.get('epoch')} of {train.get('epochs', '?')}"),
         ("batch per worker", str(train.get("batch_size", "?"))),
         ("optimizer", f"{optim['ran']} (the task's own), LR {optim.get('lr', '?')} at the start" if optim.get("ran")
          else f"{optim.get('name', '?')}, base LR {optim.get('lr', '?')}, scaling {optim.get('lr_scaling', '?')}"),
         ("optimizer steps", str(final.get("step", "?"))),
     ]
-    for key in ("train_loss", "val_loss", "val_accuracy"):
+    for key in ("train_loss", "val_loss", "val_accuracy") if not own else ("loss", "train_loss", "val_loss",
+                                                                           "val_accuracy"):
         if isinstance(final.get(key), (int, float)):
             lines.append((f"final {key}", f"{final[key]:.4f}"))
     if best is not None:
         lines.append(("best val_accuracy", f"{best['val_accuracy']:.4f} (epoch {best['epoch']})"))
     if isinstance(final.get("samples_per_sec"), (int, float)):
         lines.append(("throughput (last epoch)", f"{final['samples_per_sec']:,.0f} samples/s"))
-    lines.append(("training time", f"{total_time:,.1f} s"))
+    if total_time or not own:  # your own loop records no epoch time
+        lines.append(("training time", f"{total_time:,.1f} s"))
     return lines
 
 
@@ -236,7 +285,7 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> lis
     cells.auto_set_font_size(False)
     cells.set_fontsize(9)
     fig.suptitle(f"hvdtrain run: {data.config.get('recipe', '')} / {data.config.get('framework', '')} "
-                 f"on {data.epochs[-1].get('world_size', '?')} worker(s)", fontsize=14)
+                 f"on {data.epochs[-1].get('world_size', data.config.get('workers', '?'))} worker(s)", fontsize=14)
     path = out / "summary.png"
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

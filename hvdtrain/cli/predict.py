@@ -45,9 +45,17 @@ def predict_command(run_dir, inputs, recipe) -> None:
 
     from hvdtrain.core.registry import get_hook
 
+    from hvdtrain.core.own_loop import RECIPE as OWN_LOOP
+    from hvdtrain.core.registry import RecipeError
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything needed is in the export folder
     try:
-        predict = get_hook(run_recipe(run_dir, recipe), "predict")
+        name = run_recipe(run_dir, recipe)
+        if name == OWN_LOOP:  # no recipe exported a model: the script that trained it knows how to load it
+            raise RecipeError(f"{run_dir} was trained by your own script (own-loop): hvdtrain predict needs a recipe "
+                              f"run (--recipe NAME); load the checkpoint with run.load({run_dir!r}) in your script "
+                              f"and call your model")
+        predict = get_hook(name, "predict")
         for prediction in predict(run_dir, list(inputs)):
             shown = getattr(prediction, "input", None) or getattr(prediction, "text", "")
             click.echo(f"{prediction.label}\t{prediction.probability:.4f}\t{shown}")
