@@ -5,6 +5,8 @@
   (Slurm step, the singleton trap, Gloo host names, the ``comm`` section as ``HOROVOD_*``
   variables, the world size Slurm promised);
 * :mod:`~hvdtrain.launch.slurm`: a Slurm step formed into a Gloo job, ``hvdtrain slurm-hosts``;
+* :mod:`~hvdtrain.launch.torchrun`: a ``torchrun`` job formed into a Gloo job the same way;
+* :mod:`~hvdtrain.launch.gloo`: the rendezvous both use (rank 0 serves Horovod's, the others join);
 * :mod:`~hvdtrain.launch.hosts`: ``-H`` host lists, SSH reachability, the same versions on every
   host (before a job, and every rank's identity once it runs);
 * :mod:`~hvdtrain.launch.jobchannel`: :func:`hvdtrain.run`'s signed channel to its workers.
