@@ -20,8 +20,9 @@ watch decides its own cadence, as the checkpoint policy does); the command line 
 again") so that a job controller that restarts failed pods restarts it, and a requeued Slurm job
 or a restarted pod continues with ``checkpoint.resume=auto``. 75 means this stop only: a stall
 (:data:`hvdtrain.core.watchdog.STALL_EXIT_CODE`, 70) and every other failure exit otherwise, so
-a job script that requeues on 75 never requeues a run that stopped at no checkpoint. A second SIGTERM or SIGINT on a rank
-that is already stopping takes the signal's default action at once (a user's second Ctrl-C).
+a job script that requeues on 75 never requeues a run that stopped at no checkpoint. A second
+SIGTERM or SIGINT on a rank that is already stopping takes the signal's default action at once
+(a user's second Ctrl-C).
 
 Nothing is installed where Python allows no handlers (a thread other than the main one) or in an
 elastic run, whose driver stops and replaces workers with signals of its own.

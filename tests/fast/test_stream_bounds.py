@@ -27,6 +27,7 @@ from hvdtrain.core import streams
 from hvdtrain.core.registry import get_builder, register_recipe
 from hvdtrain.core.sources import SourceError, as_source
 
+
 class IterableDataset:
     """A stream: whatever ``make()`` yields (an endless one too)."""
 
