@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from hvdtrain.core import sharding
+from hvdtrain.core.config import preempt_signal_names
 from hvdtrain.core.resume import Position
 
 RECIPE = "own-loop"  # what the manifest and config.yaml name as the recipe of an own-loop run
@@ -49,6 +50,14 @@ TRAINER_ONLY: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("optim.backbone_lr_factor", lambda c: c.optim.backbone_lr_factor != 1.0,
      "build the backbone's parameter group with its own LR in your optimizer"),
 )
+
+
+def signals_to_save_on(preempt_signals: str) -> str:
+    """The signals a prepared loop opted in to ``save_on_signal`` watches: ``checkpoint.preempt_signals``
+    (the Trainer's: Slurm's warning, SIGTERM) and SIGINT (Ctrl-C, which a user's own loop is run
+    with at a terminal), as one ``preempt_signals`` value."""
+    names = preempt_signal_names(preempt_signals)
+    return ",".join(names + ([] if "INT" in names else ["INT"]))
 
 
 def refusal(config: Any) -> str | None:

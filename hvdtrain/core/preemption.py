@@ -204,9 +204,12 @@ def _hold(number: int, frame: Any) -> None:
         _held.append(name)
 
 
-def stop_message(signals: list[str], step: int, epoch: int, checkpoint: str | None) -> str:
-    """What rank 0 prints when the job stops on a signal."""
+AGAIN = "the same command with --resume auto continues from there"  # the command line's way back
+
+
+def stop_message(signals: list[str], step: int, epoch: int, checkpoint: str | None, again: str = AGAIN) -> str:
+    """What rank 0 prints when the job stops on a signal (``again``: how to continue)."""
     got = ", ".join(f"SIG{s}" for s in signals)
     saved = f"saved step checkpoint {checkpoint}" if checkpoint else "no checkpoint written (checkpoint.enabled=false)"
-    return (f"{got} received: stopped every rank after optimizer step {step} (epoch {epoch + 1}); {saved}; the same "
-            f"command with --resume auto continues from there (exit {EXIT_PREEMPTED})")
+    return (f"{got} received: stopped every rank after optimizer step {step} (epoch {epoch + 1}); {saved}; {again} "
+            f"(exit {EXIT_PREEMPTED})")

@@ -290,6 +290,21 @@ def read_rank_states(path: Path, size: int) -> list[dict[str, Any]] | None:
     return states
 
 
+#: ``plan["epochs"]`` of a prepared loop's resume: its message counts epochs as ``run.epoch`` does
+OWN_LOOP_EPOCHS = "run.epoch"
+
+
+def resume_where(position: Position, own_loop: bool = False) -> str:
+    """Where a resume continues, as its loop counts: the Trainer's message names the epoch it prints
+    (``epoch 2`` is the second, as in its ``epoch 2/3`` lines); a prepared loop's names ``run.epoch``
+    (epochs completed: the value ``for epoch in run.epochs(N)`` continues with) and the update."""
+    if own_loop:
+        inside = f", {position.consumed} samples into it" if position.consumed else ", at its start"
+        return f"epoch {position.epoch} (run.epoch){inside}, update {position.step}"
+    return (f"epoch {position.epoch + 1}, after {position.consumed} samples"
+            if position.consumed else f"epoch {position.epoch + 1}")
+
+
 def restore(plan: dict[str, Any], adapter: Any, ctx: Any, gate: Any, output: Path | None,
             collective: bool = True) -> tuple[Position, list[dict[str, Any]], dict[str, Any] | None]:
     """Load the planned checkpoint (rank 0), hand every rank its RNG state and partial-epoch totals
@@ -309,8 +324,7 @@ def restore(plan: dict[str, Any], adapter: Any, ctx: Any, gate: Any, output: Pat
         rank_states = read_rank_states(path, int(manifest.get("world_size", ctx.size)))
     rank_states = adapter.broadcast_object(rank_states) if collective else None  # distributed
     saved_size = int(manifest.get("world_size", ctx.size))
-    where = (f"epoch {position.epoch + 1}, after {position.consumed} samples"
-             if position.consumed else f"epoch {position.epoch + 1}")
+    where = resume_where(position, plan.get("epochs") == OWN_LOOP_EPOCHS)
     if saved_size == ctx.size and rank_states:
         mine = rank_states[ctx.rank]
         restore_rng(mine["rng"])

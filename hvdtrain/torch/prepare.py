@@ -41,6 +41,7 @@ from hvdtrain.core.durable import atomic_write_text
 from hvdtrain.core.errors import TrainingError, type_name
 from hvdtrain.core.optimizer_policy import LRPolicy, ran_config
 from hvdtrain.core.outputdir import CONFIG_FILE
+from hvdtrain.core.preemption import EXIT_PREEMPTED, PreemptionWatch, stop_message
 from hvdtrain.core.rank0 import RankZeroGate
 from hvdtrain.core.redact import redact_values
 from hvdtrain.core.resume import METRICS_FILE, Position
@@ -60,7 +61,7 @@ WAIT_NOTE_SEC = 60.0  # without train.stall_timeout_sec: a rank waiting this lon
 
 def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any = None, scheduler: Any = None, *,
             config: RunConfig | str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-            **keys: Any) -> "OwnLoop":
+            save_on_signal: str | Path | None = None, **keys: Any) -> "OwnLoop":
     """Start Horovod (if needed) and return an :class:`OwnLoop` holding ``model`` (moved to this
     rank's device), the distributed ``optimizer`` (call ``step()`` on it, not on yours),
     ``data`` as a :class:`~hvdtrain.torch.positioned.PositionedLoader` and ``scheduler``.
@@ -75,6 +76,14 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any 
     then ``overrides`` (``["parallel.shard_optimizer=gradients"]``, as on the command line). A
     combination the rulebook refuses, or a Trainer-only key, raises
     :class:`~hvdtrain.core.config.ConfigError` with the CLI's one line. Every rank must call it.
+
+    ``save_on_signal``: an output folder (the one your loop saves into) to stop at a checkpoint on
+    SIGINT (Ctrl-C) and the signals of ``checkpoint.preempt_signals`` (SIGUSR1, SIGTERM), as the
+    Trainer stops (:mod:`hvdtrain.core.preemption`): the signal is recorded, the update under way
+    finishes, and when the next ``optimizer.step()`` returns every rank saves there (as
+    :meth:`OwnLoop.save`), rank 0 prints one line naming the signal and the checkpoint, and the
+    process exits :data:`~hvdtrain.core.preemption.EXIT_PREEMPTED` (75); ``run.load`` of that folder
+    continues. A second Ctrl-C stops at once. None (the default): no handler, signals act as without hvdtrain.
 
     hvdtrain's refusals that your script does not catch (from ``prepare``, ``save``, ``load``: a
     ``ConfigError``, ``CheckpointError`` or ``TrainingError``, raised alike on every rank) end the
@@ -101,7 +110,7 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any 
     problem = own_loop.refusal(cfg) or rules.refusal(cfg)
     if problem:
         raise ConfigError(problem)
-    return OwnLoop(model, optimizer, scheduler, cfg, loader_parts)
+    return OwnLoop(model, optimizer, scheduler, cfg, loader_parts, save_on_signal)
 
 
 def _rank() -> int:
@@ -165,6 +174,7 @@ class DistributedStep:
         loop.updates += 1
         loop.watchdog.beat(loop.updates, "running your loop (between hvdtrain's calls)")
         self._attach()
+        loop._stop_if_signalled()  # save_on_signal: the safe point after an update
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradients (``step()`` already leaves them zeroed: not needed after it)."""
@@ -197,7 +207,7 @@ class OwnLoop:
     different call on each rank is a :class:`~hvdtrain.core.errors.TrainingError` naming both."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, config: RunConfig,
-                 loader_parts: tuple | None) -> None:
+                 loader_parts: tuple | None, save_on_signal: str | Path | None = None) -> None:
         self.config, self.scheduler, self.updates = config, scheduler, 0
         self._saved: tuple = (None, None, None)  # (output, position, path) of the last save
         self.adapter = adapter = TorchAdapter()
@@ -223,6 +233,31 @@ class OwnLoop:
         self.optimizer._attach()
         self.watchdog.__enter__()  # a daemon thread while the process lives (nothing with the timeout unset)
         self.watchdog.beat(0, "running your loop (between hvdtrain's calls)")
+        self._stop_into = Path(save_on_signal) if save_on_signal is not None else None
+        self.preemption: PreemptionWatch | None = None
+        if self._stop_into is not None:  # recorded from now on; acted on after an update (_stop_if_signalled)
+            names = own_loop.signals_to_save_on(config.checkpoint.preempt_signals)
+            self.preemption = PreemptionWatch(names, ctx.rank).__enter__()  # handlers kept while the process lives
+
+    def _stop_if_signalled(self) -> None:
+        """After an update, with ``save_on_signal``: when any rank got a watched signal (the ranks
+        agree as the Trainer's do, about once a second: a collective when due), every rank saves
+        into the ``save_on_signal`` folder, rank 0 prints the stop line, and the process exits
+        :data:`~hvdtrain.core.preemption.EXIT_PREEMPTED`."""
+        if self.preemption is None:
+            return
+        signals = self.preemption.agreed(self.adapter, self.size)  # distributed (when due)
+        if not signals:
+            return
+        saved = self.save(self._stop_into)  # distributed
+        self.adapter.barrier()  # no rank exits before rank 0 has written it (horovodrun ends the others)
+        position = self.position
+        message = stop_message(signals, position.step, position.epoch - (position.consumed == 0 < position.epoch),
+                               str(saved) if saved else None, f"run.load({str(self._stop_into)!r}) continues from there")
+        self.gate.print(f"hvdtrain: {message}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        raise SystemExit(EXIT_PREEMPTED)
 
     # -- where this process sits ------------------------------------------------------------------
     @property
@@ -433,7 +468,8 @@ class OwnLoop:
                 return {"error": problem}
             history = resume.read_history(output, info, notes) if output is not None else []
             return {"checkpoint": str(info.path), "output": str(output) if output is not None else None,
-                    "manifest": info.manifest, "history": history, "notes": notes}
+                    "manifest": info.manifest, "history": history, "notes": notes,
+                    "epochs": resume.OWN_LOOP_EPOCHS}  # the resume message counts epochs as run.epoch does
         except Exception as exc:  # every rank must hear about it, or the others hang in the broadcast
             return {"error": str(exc)}
 

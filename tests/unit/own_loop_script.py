@@ -12,12 +12,17 @@ checkpoint (update 3) and an epoch checkpoint (no metrics), then, each through a
 * ``again``: prepare() given what that prepare() returned.
 
 What each call returned or raised goes to REPORT_JSON; warnings go to stderr.
+
+``python own_loop_script.py signal OUTPUT REPORT_JSON``: ``prepare(..., save_on_signal=OUTPUT)``
+resumes from OUTPUT (``run.load``) and trains 2 epochs of 5 updates; a first start sends itself
+SIGINT (Ctrl-C) after update 2. A run that ends writes its final weights to REPORT_JSON.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -34,11 +39,11 @@ def data(n: int) -> TensorDataset:
     return TensorDataset(torch.randn(n, FEATURES, generator=g), torch.randint(0, 3, (n,), generator=g))
 
 
-def start(n: int = 40, hidden: int = 8, weight_decay: float = 0.0):
+def start(n: int = 40, hidden: int = 8, weight_decay: float = 0.0, **kwargs):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, hidden), torch.nn.Dropout(0.5), torch.nn.Linear(hidden, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=weight_decay)
-    return prepare(model, optimizer, data(n), overrides=["train.batch_size=8"])
+    return prepare(model, optimizer, data(n), overrides=["train.batch_size=8"], **kwargs)
 
 
 def attempt(what) -> object:
@@ -48,7 +53,22 @@ def attempt(what) -> object:
         return f"{type(exc).__name__}: {exc}"
 
 
+def interrupted(out: Path, report_path: Path) -> None:
+    """The ``signal`` mode (see the module's docstring)."""
+    run = start(save_on_signal=out)
+    first = not run.load(out)
+    for _ in run.epochs(2):
+        for x, y in run.data:
+            torch.nn.functional.cross_entropy(run.model(x), y).backward()
+            run.optimizer.step()
+            if first and run.updates == 2:
+                signal.raise_signal(signal.SIGINT)  # Ctrl-C while the loop runs
+    report_path.write_text(json.dumps([p.tolist() for p in run.model.parameters()]))
+
+
 def main() -> None:
+    if sys.argv[1] == "signal":
+        return interrupted(Path(sys.argv[2]), Path(sys.argv[3]))
     root, report_path = Path(sys.argv[1]), Path(sys.argv[2])
     out = root / "run"
     run = start()

@@ -232,6 +232,10 @@ def test_one_process_load_refusals_warnings_and_what_it_writes(tmp_path):
                         f"from checkpoint {epoch}; the checkpoint's value runs (load_state_dict restores it): set it "
                         f"after run.load to change it"]
     assert "had no row" not in proc.stderr + proc.stdout
+    # issue 61, item 8: the resume line counts epochs as run.epoch does (before: "at epoch 2" with run.epoch 1)
+    assert f"hvdtrain: resuming from {epoch} at epoch 1 (run.epoch), at its start, update 5" in proc.stdout
+    held = tmp_path / "other" / "holder" / "checkpoints" / "step-00000003"
+    assert f"hvdtrain: resuming from {held} at epoch 0 (run.epoch), 24 samples into it, update 3" in proc.stdout
     assert seen["again"] == ("ConfigError: optimizer: prepare() was given the run.optimizer an earlier prepare() "
                              "returned; call prepare() once, with your own model, optimizer and data, and use what it "
                              "returns")
@@ -259,3 +263,26 @@ def test_an_uncaught_refusal_is_one_line_on_rank_0_and_a_non_zero_exit(tmp_path,
                 "WeightedRandomSampler) has no position to resume at; pass a map-style Dataset, or a "
                 "DataLoader(dataset, batch_size=N, shuffle=True|False)"]
     assert lines == (expected if rank == "0" else [])
+
+
+def test_ctrl_c_in_a_loop_prepared_with_save_on_signal_saves_names_sigint_and_resumes(tmp_path):
+    """issue 61, item 8: Ctrl-C in a prepare() loop ended it (KeyboardInterrupt) with no checkpoint,
+    where the command line stops at one. With ``prepare(..., save_on_signal=OUTPUT)`` the SIGINT is
+    recorded and named as SIGINT, the update under way finishes, the next ``optimizer.step()``
+    saves a step checkpoint and the process exits 75; ``run.load(OUTPUT)`` continues from it and
+    the run ends. (One process, no launcher: tests/unit/own_loop_script.py's ``signal`` mode.)"""
+    from jobs import BIN, REPO, run as job
+
+    script, out, report = REPO / "tests" / "unit" / "own_loop_script.py", tmp_path / "run", tmp_path / "weights.json"
+    stopped = job([BIN / "python", script, "signal", out, report], timeout=300, check=False)
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    step = out / "checkpoints" / "step-00000003"  # the signal came after update 2: update 3 finished, then saved
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [step.name]
+    assert "hvdtrain: rank 0: SIGINT received" in stopped.stderr and "SIGTERM" not in stopped.stderr + stopped.stdout
+    assert (f"hvdtrain: SIGINT received: stopped every rank after optimizer step 3 (epoch 1); saved step "
+            f"checkpoint {step}; run.load('{out}') continues from there (exit 75)") in stopped.stdout
+    assert "Traceback" not in stopped.stderr and not report.exists()
+
+    resumed = job([BIN / "python", script, "signal", out, report], timeout=300)
+    assert f"hvdtrain: resuming from {step} at epoch 0 (run.epoch), 24 samples into it, update 3" in resumed.stdout
+    assert report.is_file()  # the loop ran its 2 epochs to the end
