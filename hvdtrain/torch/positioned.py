@@ -134,7 +134,8 @@ class PositionedLoader:
             crc = 0
             for tensor in self.dataset.tensors:
                 for row in (tensor[0], tensor[-1]):
-                    crc = zlib.crc32(row.detach().cpu().contiguous().numpy().tobytes(), crc)
+                    # its bytes through a uint8 view: NumPy has no bfloat16 (the same bytes as .numpy() otherwise)
+                    crc = zlib.crc32(row.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes(), crc)
             facts["fingerprint"] = {"tensors": [[list(t.shape), str(t.dtype)] for t in self.dataset.tensors],
                                     "crc32": crc}
         return facts

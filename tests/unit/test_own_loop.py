@@ -134,6 +134,17 @@ def test_drop_last_and_set_epoch():
     assert samples(iter(plain)) == sharding.epoch_order(N, 4, SEED).tolist()
 
 
+def test_the_manifests_data_facts_read_every_dtype_bfloat16_included():
+    """A TensorDataset of bfloat16 tensors (which NumPy cannot hold) is fingerprinted by its bytes."""
+    halves = TensorDataset(torch.arange(N * 2, dtype=torch.float32).reshape(N, 2).to(torch.bfloat16),
+                           torch.arange(N))
+    facts = PositionedLoader(halves, DataPosition(N, BATCH, 0, 1, SEED)).facts()
+    assert facts["fingerprint"]["tensors"] == [[[N, 2], "torch.bfloat16"], [[N], "torch.int64"]]
+    other = TensorDataset(halves.tensors[0] + 1, halves.tensors[1])
+    assert PositionedLoader(other, DataPosition(N, BATCH, 0, 1, SEED)).facts()["fingerprint"]["crc32"] != \
+        facts["fingerprint"]["crc32"]
+
+
 def test_a_dataloader_keeps_its_settings_and_sampling_it_cannot_resume_is_refused():
     dataset, batch, shuffle, drop_last, settings = loader_facts(
         DataLoader(DATASET, batch_size=8, shuffle=True, drop_last=True, collate_fn=list))
