@@ -140,6 +140,7 @@ class CheckpointManager:
         self.best_mode = best_mode
         self.required: tuple[str, ...] = ()  # files every checkpoint must hold (what the loader reads)
         self.framework: str | None = None  # whose loader ``required`` describes
+        self.extra: dict[str, Any] = {}  # entries every manifest it writes also holds (over the caller's)
 
     def checkpoints(self, problems: list[str] | None = None,
                     malformed: list[CheckpointInfo] | None = None) -> list[CheckpointInfo]:
@@ -270,7 +271,7 @@ class CheckpointManager:
 
     def save(self, name: str, write_payload: Callable[[Path], None], manifest: dict[str, Any]) -> CheckpointInfo:
         """Write checkpoint ``name``: ``write_payload(tmpdir)`` writes the files, then the manifest
-        with their checksums, fsync, rename into place, and prune old checkpoints."""
+        with their checksums (and :attr:`extra`), fsync, rename into place, and prune old checkpoints."""
         final = self.directory / name
         if final.exists():
             raise CheckpointError(f"checkpoint {final} already exists; refusing to overwrite it")
@@ -286,7 +287,7 @@ class CheckpointManager:
                 if child.is_file():
                     fsync_path(child)
                     files[child.name] = sha256_file(child)
-            manifest = {**manifest, "format_version": FORMAT_VERSION, "files": files}
+            manifest = {**manifest, **self.extra, "format_version": FORMAT_VERSION, "files": files}
             atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
             fsync_path(tmp)
             faults.crash_before_publish(int(manifest["step"]))

@@ -49,6 +49,7 @@ from hvdtrain.core.saving import CheckpointPolicy
 from hvdtrain.core.visibility import ConfigNotes
 from hvdtrain.core.watchdog import STALL_EXIT_CODE, StallWatchdog
 from hvdtrain.launch import detect
+from hvdtrain.torch import waiting
 from hvdtrain.torch.adapter import MODEL_FILE, OPTIMIZER_FILE, TorchAdapter
 from hvdtrain.torch.positioned import PositionedLoader, loader_facts
 from hvdtrain.torch.weights import load_weights_only
@@ -319,21 +320,23 @@ class OwnLoop:
             return
         mine = torch.tensor([[CALLS.index(call), self.updates]], dtype=torch.int64)
         self.watchdog.beat(self.updates, f"waiting in collectives ({call}: every rank calls it)")
-        limit, started, pause, noted = self.config.train.stall_timeout_sec, time.monotonic(), 0.0005, False
-        with self.watchdog.phase(f"{call}: the ranks agree that every one calls it"):  # its own limit, below
+        limit, started, noted = self.config.train.stall_timeout_sec, time.monotonic(), []
+
+        def still_waiting() -> bool:  # between polls: past the limit ends the job; without one, a note once
+            waited = time.monotonic() - started
+            if limit and waited > limit:
+                self._left_alone(call, f"{limit:g}s (train.stall_timeout_sec={limit:g})")
+            if not limit and waited > WAIT_NOTE_SEC and not noted:
+                noted.append(waited)
+                print(f"hvdtrain: rank {self.rank} has waited {waited:.0f}s in {call} at update "
+                      f"{self.updates} for the other ranks ({call} is a collective: every rank calls it; "
+                      f"train.stall_timeout_sec=N ends a job that hangs)", file=sys.stderr, flush=True)
+            return True
+
+        with self.watchdog.phase(f"{call}: the ranks agree that every one calls it"):  # its own limit, above
             try:
                 handle = hvd.allgather_async(mine, name="hvdtrain.own_loop.call")  # distributed
-                while not hvd.poll(handle):
-                    waited = time.monotonic() - started
-                    if limit and waited > limit:
-                        self._left_alone(call, f"{limit:g}s (train.stall_timeout_sec={limit:g})")
-                    if not limit and waited > WAIT_NOTE_SEC and not noted:
-                        noted = True
-                        print(f"hvdtrain: rank {self.rank} has waited {waited:.0f}s in {call} at update "
-                              f"{self.updates} for the other ranks ({call} is a collective: every rank calls it; "
-                              f"train.stall_timeout_sec=N ends a job that hangs)", file=sys.stderr, flush=True)
-                    time.sleep(pause)
-                    pause = min(0.02, pause * 2)
+                waiting.wait_until(lambda: hvd.poll(handle) or not still_waiting())  # the backoff of every wait
                 seen = hvd.synchronize(handle).tolist()
             except Exception as exc:  # Horovod shut down under us: a rank ended without calling it
                 self._left_alone(call, f"until Horovod stopped ({' '.join(str(exc).split())[:200]})")
@@ -372,7 +375,7 @@ class OwnLoop:
 
     def _manager(self, output: Path, manifest: dict[str, Any] | None = None) -> CheckpointManager:
         ck = self.config.checkpoint
-        manager = _Checkpoints(output / CHECKPOINTS, ck.keep_last, ck.best_metric, ck.best_mode)
+        manager = CheckpointManager(output / CHECKPOINTS, ck.keep_last, ck.best_metric, ck.best_mode)
         manager.required, manager.framework = self.adapter.checkpoint_files, "torch"
         manager.extra = {"data": self.data.facts()} if self.data is not None else {}
         manager.extra.update(manifest or {})
@@ -515,17 +518,6 @@ class OwnLoop:
             notes.append(f"checkpoint {info.path} was written training on data {saved}, this run's is {here}: the "
                          f"order of epoch {epoch + 1} is dealt from this data")
         return None
-
-
-class _Checkpoints(CheckpointManager):
-    """The Trainer's checkpoint manager, whose manifests also hold what a prepared run adds (``extra``:
-    the data's length and fingerprint)."""
-
-    extra: dict[str, Any] = {}
-
-    def save(self, name: str, write_payload: Any, manifest: dict[str, Any]) -> CheckpointInfo:
-        """:meth:`CheckpointManager.save` with ``extra`` in the manifest."""
-        return super().save(name, write_payload, {**manifest, **self.extra})
 
 
 def _hyperparameters(optimizer: Any) -> dict[str, Any]:
