@@ -43,10 +43,8 @@ def predict_command(run_dir, inputs, recipe) -> None:
     exported to RUN_DIR/model."""
     import os
 
-    from hvdtrain.core.registry import get_hook
-
     from hvdtrain.core.own_loop import RECIPE as OWN_LOOP
-    from hvdtrain.core.registry import RecipeError
+    from hvdtrain.core.registry import RecipeError, get_hook
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything needed is in the export folder
     try:
