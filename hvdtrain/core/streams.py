@@ -153,7 +153,19 @@ def _encode(value: Any, digest: Any) -> None:
                 _encode(element, digest)
         else:  # an object NumPy holds as one opaque element: its type and attributes (no address)
             put(b"o", f"{type(value).__module__}.{type(value).__qualname__}".encode())
-            _encode(vars(value) if hasattr(value, "__dict__") else repr(value), digest)
+            _encode(_attributes(value), digest)
+
+
+def _attributes(value: Any) -> Any:
+    """An opaque object's state for :func:`_encode`: its ``__dict__``, else its ``__slots__``' values
+    (a slotted object's default ``repr`` holds its address), else its ``repr``."""
+    if hasattr(value, "__dict__"):
+        return vars(value)
+    slots: list[str] = []
+    for cls in type(value).__mro__:
+        declared = getattr(cls, "__slots__", ())
+        slots += [declared] if isinstance(declared, str) else list(declared)
+    return {name: getattr(value, name, None) for name in slots} if slots else repr(value)
 
 
 def fingerprint(items: list[Any]) -> str:

@@ -74,6 +74,22 @@ def test_different_values_fingerprint_differently():
     assert streams.fingerprint([(1, 2)]) != streams.fingerprint([[1, 2]]) != streams.fingerprint([np.array([1, 2])])
 
 
+class Slotted:
+    """An element type with ``__slots__`` (no ``__dict__``; its default repr holds its address)."""
+
+    __slots__ = ("label", "weight")
+
+    def __init__(self, label, weight):
+        self.label, self.weight = label, weight
+
+
+def test_equal_slotted_objects_fingerprint_equally_and_their_values_count():
+    first = [(np.zeros(2), Slotted(i, 0.5)) for i in range(4)]
+    again = [(np.zeros(2), Slotted(i, 0.5)) for i in range(4)]  # other objects, other addresses, same values
+    assert streams.fingerprint(first) == streams.fingerprint(again)
+    assert streams.fingerprint(first) != streams.fingerprint([(np.zeros(2), Slotted(i, 0.25)) for i in range(4)])
+
+
 def endless_bytes():
     return itertools.repeat(b"")  # zero NumPy bytes an element, for ever
 
